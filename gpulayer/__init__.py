@@ -1,0 +1,27 @@
+"""gpulayer: run notebook work on GPU machines as if it were local.
+
+>>> import gpulayer as gl
+>>> gl.connect()                       # GPULAYER_URL/TOKEN or the config `gpulayer up` wrote
+>>> job = gl.submit(["python", "-c", "print('hi')"])
+>>> job.wait().state
+'succeeded'
+
+``import gpulayer`` stays light: the HTTP client loads on first use, and torch,
+IPython and ipywidgets only where a feature needs them.
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Connection", "Job", "__version__", "connect", "submit"]
+
+_LAZY = {"Connection": "gpulayer.client", "Job": "gpulayer.client",
+         "connect": "gpulayer.client", "submit": "gpulayer.client"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")

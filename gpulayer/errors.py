@@ -1,0 +1,158 @@
+"""The gpulayer exception tree.
+
+Each error has a stable ``code`` that travels in the JSON error body
+(:class:`gpulayer.contracts.ErrorBody`), so the control plane raises it once and
+the client turns the body back into the same class::
+
+    GpulayerError
+    ├── ConfigError            no control plane configured, bad config file
+    ├── ValidationError        a request or option is malformed        (400)
+    ├── AuthError              missing, unknown or expired token       (401)
+    │   └── Forbidden          the token's role may not do this        (403)
+    ├── NotFound               unknown job, worker, task, artifact     (404)
+    ├── Conflict               the request does not fit the state      (409)
+    │   └── InvalidTransition  e.g. cancel a job that already ended
+    ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
+    ├── ApiError               any other answer the client did not expect
+    │   └── ConnectionFailed   the control plane cannot be reached
+    └── JobFailed              a job ended in failed / timed_out / lost / cancelled
+"""
+
+from typing import ClassVar
+
+
+class GpulayerError(Exception):
+    """Root of every gpulayer error."""
+
+    code: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ConfigError(GpulayerError):
+    """gpulayer is not configured (no URL or token), or its config is unusable."""
+
+    code = "config_error"
+
+
+class ValidationError(GpulayerError):
+    """A request body, query argument or option is malformed."""
+
+    code = "invalid"
+
+
+class AuthError(GpulayerError):
+    """The request carried no usable credentials."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(AuthError):
+    """The credentials are valid but may not do this."""
+
+    code = "forbidden"
+
+
+class NotFound(GpulayerError):
+    """An id or name that does not exist."""
+
+    code = "not_found"
+
+
+class Conflict(GpulayerError):
+    """The request contradicts the current state."""
+
+    code = "conflict"
+
+
+class InvalidTransition(Conflict):
+    """A state change that the state machine does not allow."""
+
+    code = "invalid_transition"
+
+
+class PayloadTooLarge(GpulayerError):
+    """A body, bundle or artifact is over its configured limit."""
+
+    code = "too_large"
+
+
+class ApiError(GpulayerError):
+    """An answer from the control plane that the client did not expect."""
+
+    code = "api_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        method: str = "",
+        url: str = "",
+        status: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message, field=field)
+        self.method = method
+        self.url = url
+        self.status = status
+
+
+class ConnectionFailed(ApiError):
+    """The control plane could not be reached."""
+
+    code = "connection_failed"
+
+
+class JobFailed(GpulayerError):
+    """A job ended without succeeding.
+
+    Carries the job's id, final state, reason and exit code, and the worker
+    it ran on, so a notebook shows where it failed.
+    """
+
+    code = "job_failed"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str,
+        state: str,
+        reason: str | None = None,
+        exit_code: int | None = None,
+        worker: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+        self.reason = reason
+        self.exit_code = exit_code
+        self.worker = worker
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the local client stack."""
+        where = f" on worker {self.worker}" if self.worker else ""
+        return [f"JobFailed: job {self.job_id} {self.state}{where}: {self.reason or self.message}"]
+
+
+_BY_CODE: dict[str, type[GpulayerError]] = {
+    cls.code: cls
+    for cls in (
+        ConfigError,
+        ValidationError,
+        AuthError,
+        Forbidden,
+        NotFound,
+        Conflict,
+        InvalidTransition,
+        PayloadTooLarge,
+    )
+}
+
+
+def error_for_code(code: str) -> type[GpulayerError] | None:
+    """The exception class that a JSON error body's ``code`` stands for."""
+    return _BY_CODE.get(code)
