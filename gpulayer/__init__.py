@@ -17,8 +17,12 @@ __version__ = "0.1.0"
 
 __all__ = ["Connection", "Job", "__version__", "connect", "submit"]
 
-_LAZY = {"Connection": "gpulayer.client", "Job": "gpulayer.client",
-         "connect": "gpulayer.client", "submit": "gpulayer.client"}
+_LAZY = {
+    "Connection": "gpulayer.client",
+    "Job": "gpulayer.client",
+    "connect": "gpulayer.client",
+    "submit": "gpulayer.client",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,8 +15,18 @@ from gpulayer.errors import PayloadTooLarge, ValidationError
 
 #: Directory names never packed: they are large, machine-specific or secret.
 SKIPPED_DIRS = frozenset(
-    {".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", ".ipynb_checkpoints",
-     ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+    {
+        ".git",
+        ".hg",
+        ".venv",
+        "venv",
+        "__pycache__",
+        "node_modules",
+        ".ipynb_checkpoints",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+    }
 )
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024

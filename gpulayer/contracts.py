@@ -22,7 +22,7 @@ route                                      verb    body -> answer
 ``jobs/{id}/artifacts/{name}``             GET     -> bytes
 ``blobs``                                  POST    bytes -> 201 :class:`BlobRef`
 ``workers``                                GET     -> :class:`WorkerList`
-``workers/register``                       POST    :class:`WorkerRegistration` -> :class:`Registered`
+``workers/register``                       POST    :class:`WorkerRegistration` -> ``Registered``
 ``workers/{id}/heartbeat``                 POST    :class:`Heartbeat` -> :class:`HeartbeatReply`
 ``workers/{id}/acquire?wait=S``            POST    -> :class:`Acquired` (204 after the hold)
 ``tasks/{id}/logs``                        POST    :class:`LogBatch` -> :class:`LogAck`
@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ByteSize,
     ConfigDict,
@@ -328,9 +329,15 @@ class LogAck(_Document):
 # ---------------------------------------------------------------- artifacts
 
 
+def _relative_name(name: str) -> str:
+    parts = name.split("/")
+    if name.startswith("/") or "\x00" in name or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("must be a relative path without '.', '..' or empty parts")
+    return name
+
+
 ArtifactName = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=512, pattern=r"^(?!/)(?!.*(^|/)\.\.?(/|$))[^\x00]+$"),
+    str, StringConstraints(min_length=1, max_length=512), AfterValidator(_relative_name)
 ]
 
 

@@ -1,0 +1,597 @@
+"""The sync Python client of the gpulayer control plane (kernel side and CLI).
+
+:class:`Connection` is the REST protocol of ``docs/api.md`` over one
+``httpx.Client``: one method per route, answers parsed into
+:mod:`gpulayer.contracts` models, and every failure mapped once (in
+``Connection._request``) onto :mod:`gpulayer.errors`:
+
+* the control plane cannot be reached → :class:`~gpulayer.errors.ConnectionFailed`
+* an ``ErrorBody`` answer → the class its ``code`` stands for (``NotFound``,
+  ``ValidationError`` with ``field``, ``Forbidden``, ...)
+* any other unexpected answer → :class:`~gpulayer.errors.ApiError` with method,
+  URL and status.
+
+:class:`Job` is the handle users hold; :func:`connect` and :func:`submit` are
+the module-level API behind ``import gpulayer as gl``.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+
+from gpulayer import bundle, config, contracts, errors
+
+log = logging.getLogger(__name__)
+
+#: Longer than the server's 30 s long-poll hold, so a hold never reads as a timeout.
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=45.0, write=60.0, pool=5.0)
+#: The most a single long-poll asks the server to hold (its cap is 30 s by default).
+LONG_POLL_SECONDS = 30.0
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def pydantic_to_gpulayer(e: PydanticValidationError) -> errors.ValidationError:
+    """A gpulayer ``ValidationError`` naming the first offending field of ``e``."""
+    first = e.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    msg = first["msg"].removeprefix("Value error, ")
+    more = e.error_count() - 1
+    text = f"{field}: {msg}" if field else msg
+    if more:
+        text += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return errors.ValidationError(text, field=field)
+
+
+class Connection:
+    """A connection to one gpulayer control plane.
+
+    Parameters
+    ----------
+    url
+        The Jupyter server URL including its ``base_url``, e.g.
+        ``http://127.0.0.1:8765/`` or ``https://lab.example.org/user/ada/``.
+        Percent-encoded segments are kept as they are.
+    token
+        A gpulayer bearer token (``gl_...``).
+    timeout
+        httpx timeouts; the read timeout must exceed the server's long-poll hold.
+    transport
+        An httpx transport to use instead of the network (tests use
+        ``httpx.MockTransport``).
+
+    Raises
+    ------
+    ConfigError
+        If ``url`` is not an http(s) URL.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: httpx.Timeout | float | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
+        self.url = url if url.endswith("/") else url + "/"
+        self._api = url.rstrip("/") + contracts.API_PREFIX + "/"
+        self._client = httpx.Client(
+            timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
+            transport=transport,
+            headers={"Authorization": f"Bearer {token}"},
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"<gpulayer.Connection {self.url}>"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying HTTP connections."""
+        self._client.close()
+
+    # ----------------------------------------------------------- plumbing
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_model: BaseModel | None = None,
+        params: Mapping[str, str | int | float] | None = None,
+        content: bytes | None = None,
+        expect: tuple[int, ...] = (200,),
+    ) -> httpx.Response:
+        """Send one request and map every failure onto the gpulayer error tree."""
+        url = self._api + path
+        headers = {}
+        if json_model is not None:
+            content = json_model.model_dump_json(exclude_none=True).encode()
+            headers["Content-Type"] = "application/json"
+        elif content is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        try:
+            resp = self._client.request(
+                method, url, params=params, content=content, headers=headers
+            )
+        except httpx.TransportError as e:
+            raise errors.ConnectionFailed(
+                f"cannot reach the gpulayer control plane at {self.url}: {e or type(e).__name__}",
+                method=method,
+                url=url,
+            ) from e
+        if resp.status_code in expect:
+            return resp
+        raise self._error(method, url, resp)
+
+    @staticmethod
+    def _error(method: str, url: str, resp: httpx.Response) -> errors.GpulayerError:
+        status = resp.status_code
+        try:
+            body = contracts.ErrorBody.model_validate_json(resp.content)
+        except PydanticValidationError:
+            body = None
+        if body is not None:
+            cls = errors.error_for_code(body.code)
+            if cls is not None and not issubclass(cls, errors.ApiError):
+                return cls(body.message, field=body.field)
+            return errors.ApiError(
+                body.message, method=method, url=url, status=status, field=body.field
+            )
+        text = resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+        hint = " (is the gpulayer server extension enabled there?)" if status == 404 else ""
+        return errors.ApiError(
+            f"{method} {url} answered {status} {resp.reason_phrase}{hint}"
+            + (f": {text}" if text else ""),
+            method=method,
+            url=url,
+            status=status,
+        )
+
+    def _parse(self, resp: httpx.Response, model: type[_M]) -> _M:
+        try:
+            return model.model_validate_json(resp.content)
+        except PydanticValidationError as e:
+            raise errors.ApiError(
+                f"the control plane sent a {model.__name__} this client does not understand: "
+                f"{pydantic_to_gpulayer(e).message}",
+                method=resp.request.method,
+                url=str(resp.request.url),
+                status=resp.status_code,
+            ) from e
+
+    # ------------------------------------------------------------- routes
+
+    def health(self) -> contracts.Health:
+        """``GET health``: the control plane is up (and its version)."""
+        return self._parse(self._request("GET", "health"), contracts.Health)
+
+    def submit(self, spec: contracts.JobSpec) -> contracts.Job:
+        """``POST jobs``: submit a job; answers it as stored (state ``queued``)."""
+        resp = self._request("POST", "jobs", json_model=spec, expect=(201, 200))
+        return self._parse(resp, contracts.Job)
+
+    def jobs(self, state: str | None = None, limit: int = 100) -> list[contracts.Job]:
+        """``GET jobs``: the newest jobs, optionally only those in ``state``."""
+        params: dict[str, str | int | float] = {"limit": limit}
+        if state is not None:
+            params["state"] = str(state)
+        resp = self._request("GET", "jobs", params=params)
+        return self._parse(resp, contracts.JobList).jobs
+
+    def job(self, job_id: str) -> contracts.Job:
+        """``GET jobs/{id}``: one job with its tasks and pending reasons."""
+        return self._parse(self._request("GET", f"jobs/{_seg(job_id)}"), contracts.Job)
+
+    def wait(self, job_id: str, timeout: float | None = None) -> contracts.Job:
+        """Block until the job ends, by long-polling ``GET jobs/{id}/wait``.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most; None waits for as long as it takes.
+
+        Raises
+        ------
+        TimeoutError
+            If the job has not ended within ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            hold = LONG_POLL_SECONDS
+            if deadline is not None:
+                hold = min(hold, deadline - time.monotonic())
+                if hold <= 0:
+                    break
+            resp = self._request(
+                "GET",
+                f"jobs/{_seg(job_id)}/wait",
+                params={"timeout": f"{hold:.3f}"},
+                expect=(200, 204),
+            )
+            if resp.status_code == 200:
+                return self._parse(resp, contracts.Job)
+        # The deadline passed between two holds: one last look before giving up.
+        job = self.job(job_id)
+        if job.state.terminal:
+            return job
+        raise TimeoutError(f"job {job_id} did not end within {timeout:g}s (it is {job.state})")
+
+    def cancel(self, job_id: str) -> contracts.Job:
+        """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended."""
+        return self._parse(self._request("POST", f"jobs/{_seg(job_id)}/cancel"), contracts.Job)
+
+    def events(self, job_id: str) -> list[contracts.Event]:
+        """``GET jobs/{id}/events``: the job's state changes, oldest first."""
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/events")
+        return self._parse(resp, contracts.EventList).events
+
+    def logs(
+        self, job_id: str, offset: int = 0, wait: float = 0, limit: int | None = None
+    ) -> contracts.LogPage:
+        """``GET jobs/{id}/logs``: lines from ``offset``; with ``wait`` a long poll."""
+        params: dict[str, str | int | float] = {"offset": offset}
+        if wait:
+            params["wait"] = wait
+        if limit is not None:
+            params["limit"] = limit
+        resp = self._request(
+            "GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204)
+        )
+        if resp.status_code == 204:  # the hold ran out: nothing new yet
+            return contracts.LogPage(lines=[], next_offset=offset, complete=False)
+        return self._parse(resp, contracts.LogPage)
+
+    def follow_logs(self, job_id: str, offset: int = 0) -> Iterator[contracts.LogLine]:
+        """Yield the job's log lines from ``offset`` as they arrive, each once.
+
+        Ends once the job has ended and every line has been yielded.
+        """
+        wait = LONG_POLL_SECONDS
+        while True:
+            page = self.logs(job_id, offset, wait=wait)
+            for line in page.lines:
+                if line.offset >= offset:  # a page that overlaps the last one
+                    offset = line.offset + 1
+                    yield line
+            offset = max(offset, page.next_offset)
+            if page.complete and not page.lines:
+                return
+            # A complete page may still be one of several: drain without holding.
+            wait = 0 if page.complete else LONG_POLL_SECONDS
+
+    def artifacts(self, job_id: str) -> list[contracts.Artifact]:
+        """``GET jobs/{id}/artifacts``: the files the job's tasks kept."""
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/artifacts")
+        return self._parse(resp, contracts.ArtifactList).artifacts
+
+    def download_artifact(self, job_id: str, name: str) -> bytes:
+        """``GET jobs/{id}/artifacts/{name}``: the artifact's bytes."""
+        path = f"jobs/{_seg(job_id)}/artifacts/{quote(name, safe='/')}"
+        return self._request("GET", path).content
+
+    def download(
+        self, job_id: str, dest_dir: str | os.PathLike[str], names: Sequence[str] | None = None
+    ) -> list[Path]:
+        """Download the job's artifacts (or only ``names``) below ``dest_dir``.
+
+        Returns
+        -------
+        list of Path
+            The files written, in artifact order.
+
+        Raises
+        ------
+        NotFound
+            If one of ``names`` is not an artifact of the job.
+        ValidationError
+            If an artifact name would land outside ``dest_dir``.
+        """
+        root = Path(dest_dir).resolve()
+        available = [a.name for a in self.artifacts(job_id)]
+        if names is None:
+            wanted = available
+        else:
+            missing = sorted(set(names) - set(available))
+            if missing:
+                raise errors.NotFound(f"job {job_id} has no artifact {', '.join(missing)}")
+            wanted = list(names)
+        targets = [(name, _inside(root, name)) for name in wanted]
+        written = []
+        for name, target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.download_artifact(job_id, name))
+            written.append(target)
+        return written
+
+    def upload_blob(self, data: bytes) -> contracts.BlobRef:
+        """``POST blobs``: store raw bytes (a bundle) by sha256."""
+        resp = self._request("POST", "blobs", content=data, expect=(201, 200))
+        return self._parse(resp, contracts.BlobRef)
+
+    def workers(self) -> list[contracts.Worker]:
+        """``GET workers``: every known worker with its devices and state."""
+        return self._parse(self._request("GET", "workers"), contracts.WorkerList).workers
+
+
+def _seg(value: str) -> str:
+    """One URL path segment (ids never contain ``/``; quote anyway)."""
+    return quote(str(value), safe="")
+
+
+def _inside(root: Path, name: str) -> Path:
+    target = (root / name).resolve()
+    if name.startswith("/") or not target.is_relative_to(root) or target == root:
+        raise errors.ValidationError(
+            f"artifact name {name!r} would be written outside {root}", field="name"
+        )
+    return target
+
+
+# ---------------------------------------------------------------- job handle
+
+
+class Job:
+    """A handle on a submitted job.
+
+    ``state`` is the last state seen; ``status`` asks the control plane again.
+
+    Examples
+    --------
+    >>> job = gl.submit("nvidia-smi", gpus=1)
+    >>> job.wait().state
+    'succeeded'
+    >>> print("\\n".join(job.logs()))
+    """
+
+    def __init__(self, conn: Connection, info: contracts.Job) -> None:
+        self.connection = conn
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The job id."""
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        """The job's name, or its id when it has none."""
+        return self.info.name
+
+    @property
+    def state(self) -> contracts.JobState:
+        """The state last seen (no request; see :attr:`status`)."""
+        return self.info.state
+
+    @property
+    def status(self) -> str:
+        """The current state, fetched from the control plane."""
+        return str(self.refresh().state)
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code of the last attempt, once it ended."""
+        return self.info.exit_code
+
+    @property
+    def artifacts(self) -> list[contracts.Artifact]:
+        """The files the job kept."""
+        return self.connection.artifacts(self.id)
+
+    def refresh(self) -> Self:
+        """Fetch the job again; returns self."""
+        self.info = self.connection.job(self.id)
+        return self
+
+    def wait(self, timeout: float | None = None, raise_on_failure: bool = False) -> Self:
+        """Block until the job ends; returns self.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most (None: no limit).
+        raise_on_failure
+            Raise :class:`~gpulayer.errors.JobFailed` unless the job succeeded.
+
+        Raises
+        ------
+        TimeoutError
+            If the job has not ended within ``timeout``.
+        JobFailed
+            With ``raise_on_failure``, when it failed, timed out, was lost or cancelled.
+        """
+        self.info = self.connection.wait(self.id, timeout)
+        if raise_on_failure and self.info.state != contracts.JobState.succeeded:
+            raise self.failure()
+        return self
+
+    def failure(self) -> errors.JobFailed:
+        """The :class:`~gpulayer.errors.JobFailed` describing how the job ended."""
+        info = self.info
+        code = "" if info.exit_code is None else f" (exit {info.exit_code})"
+        reason = f": {info.reason}" if info.reason else ""
+        return errors.JobFailed(
+            f"job {info.id} {info.state}{code}{reason}",
+            job_id=info.id,
+            state=str(info.state),
+            reason=info.reason,
+            exit_code=info.exit_code,
+            worker=info.worker_name,
+        )
+
+    def logs(self, follow: bool = False) -> list[str] | Iterator[contracts.LogLine]:
+        """The job's output.
+
+        Returns
+        -------
+        list of str or iterator of LogLine
+            Without ``follow``, the text of every line stored so far. With
+            ``follow``, an iterator of :class:`~gpulayer.contracts.LogLine` that
+            yields lines as they arrive and ends when the job has ended.
+        """
+        if follow:
+            return self.connection.follow_logs(self.id)
+        lines: list[str] = []
+        offset = 0
+        while True:
+            page = self.connection.logs(self.id, offset)
+            lines.extend(line.text for line in page.lines if line.offset >= offset)
+            if not page.lines or page.next_offset <= offset:
+                return lines
+            offset = page.next_offset
+
+    def cancel(self) -> Self:
+        """Ask the control plane to cancel the job; returns self."""
+        self.info = self.connection.cancel(self.id)
+        return self
+
+    def download(
+        self, dest: str | os.PathLike[str] = ".", names: Sequence[str] | None = None
+    ) -> list[Path]:
+        """Download the job's artifacts (or only ``names``) below ``dest``."""
+        return self.connection.download(self.id, dest, names)
+
+    def __repr__(self) -> str:
+        short = self.id if len(self.id) <= 8 else self.id[:6] + "…"
+        parts = [f"<Job {short}", str(self.info.state)]
+        if self.info.exit_code is not None:
+            parts.append(f"exit={self.info.exit_code}")
+        if self.info.worker_name:
+            parts.append(f"worker={self.info.worker_name}")
+        return " ".join(parts) + ">"
+
+
+# ------------------------------------------------------------ module level
+
+_default: Connection | None = None
+
+
+def connect(url: str | None = None, token: str | None = None) -> Connection:
+    """Connect to a control plane and make it the default for :func:`submit`.
+
+    Parameters
+    ----------
+    url, token
+        Where and as whom; missing ones come from ``GPULAYER_URL`` /
+        ``GPULAYER_TOKEN`` or the file ``gpulayer up`` saved.
+
+    Raises
+    ------
+    ConfigError
+        If no URL or token can be found.
+    ConnectionFailed
+        If the control plane does not answer.
+    """
+    global _default
+    cfg = config.resolve(url, token)
+    conn = Connection(cfg.url, cfg.token)
+    try:
+        conn.health()
+    except BaseException:
+        conn.close()
+        raise
+    if _default is not None:
+        _default.close()
+    _default = conn
+    log.debug("connected to %s", cfg.url)
+    return conn
+
+
+def current_connection() -> Connection:
+    """The default connection, connecting from the configuration on first use."""
+    return _default if _default is not None else connect()
+
+
+def submit(
+    command: str | Sequence[str],
+    *,
+    gpus: int = 0,
+    cpus: float = 1,
+    memory: str | int | None = None,
+    timeout: str | float | None = None,
+    retries: int = 0,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    priority: int = 0,
+    connection: Connection | None = None,
+) -> Job:
+    """Submit a command to run on a worker.
+
+    Parameters
+    ----------
+    command
+        A string runs with ``/bin/sh -c``; a sequence is an argv run without a shell.
+    gpus, cpus, memory
+        What one task needs; ``memory`` like ``"8GiB"`` or a number of bytes.
+    timeout
+        Seconds or a string like ``"10m"``; the job is ``timed_out`` after it.
+    retries
+        Extra attempts after a failure or a lost worker.
+    name, labels, priority
+        How the job is listed and ordered.
+    env
+        Extra environment variables for the process.
+    workdir
+        A local directory packed, uploaded and unpacked as the task's cwd.
+    connection
+        Defaults to :func:`current_connection`.
+
+    Returns
+    -------
+    Job
+        The handle, state ``queued``.
+
+    Raises
+    ------
+    ValidationError
+        Before anything is sent, when an option is malformed; ``field`` names it.
+
+    Examples
+    --------
+    >>> job = gl.submit(["python", "train.py"], gpus=1, timeout="2h", workdir=".")
+    """
+    program: dict[str, Any] = (
+        {"shell": command} if isinstance(command, str) else {"command": list(command)}
+    )
+    try:
+        spec = contracts.JobSpec(
+            **program,
+            name=name,
+            env=dict(env or {}),
+            resources={"gpus": gpus, "cpus": cpus, "memory": memory},
+            timeout=timeout,
+            retries=retries,
+            priority=priority,
+            labels=dict(labels or {}),
+        )
+    except PydanticValidationError as e:
+        raise pydantic_to_gpulayer(e) from e
+    data = bundle.pack(workdir) if workdir is not None else None
+    conn = connection if connection is not None else current_connection()
+    if data is not None:
+        spec = spec.model_copy(update={"bundle": conn.upload_blob(data).sha256})
+    return Job(conn, conn.submit(spec))

@@ -1,0 +1,5 @@
+"""``python -m jupyter_ext``: a headless control plane (what ``gpulayer up`` starts)."""
+
+from .app import main
+
+main()

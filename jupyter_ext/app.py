@@ -1,0 +1,157 @@
+"""``GpulayerApp``: the control plane as a Jupyter server extension.
+
+It runs inside whatever Jupyter server loads it (``jupyter lab``, a hub's
+single-user server) or headless through ``python -m jupyter_ext`` (what
+``gpulayer up`` starts). Configuration is ``c.GpulayerApp.*``; routes live under
+``<base_url>gpulayer/api/v1/``.
+"""
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Float, Int, Unicode, default, validate
+
+from gpulayer.contracts import API_PREFIX
+
+from . import handlers, worker_handlers
+from .artifacts import BlobStore
+from .auth import ROLES, TokenService
+from .scheduler import Scheduler
+from .store import Store
+from .streams import Notifier
+
+log = logging.getLogger("gpulayer")
+
+
+@dataclass
+class Services:
+    """What handlers reach through ``self.settings["gpulayer"]``."""
+
+    config: "GpulayerApp"
+    store: Store | None = None
+    blobs: BlobStore | None = None
+    tokens: TokenService | None = None
+    notifier: Notifier | None = None
+    scheduler: Scheduler | None = None
+
+
+class GpulayerApp(ExtensionApp):
+    """The gpulayer control plane."""
+
+    name = "gpulayer"
+    description = "gpulayer control plane: schedules notebook work onto GPU workers"
+    extension_url = f"{API_PREFIX}/health"
+    # `python -m jupyter_ext` is a headless control plane; inside `jupyter lab`
+    # this attribute is not consulted.
+    load_other_extensions = False
+
+    data_dir = Unicode(help="Directory for the database, blobs and the bootstrap tokens.").tag(
+        config=True
+    )
+    db_path = Unicode(help="SQLite database file (default: <data_dir>/gpulayer.db).").tag(
+        config=True
+    )
+    long_poll_seconds = Float(30.0, help="Longest hold of a long poll before 204.").tag(config=True)
+    heartbeat_seconds = Float(5.0, help="How often workers heartbeat.").tag(config=True)
+    lease_seconds = Float(
+        30.0, help="A running task whose worker is silent this long is lost (or retried)."
+    ).tag(config=True)
+    sweep_seconds = Float(1.0, help="How often leases and heartbeats are checked.").tag(config=True)
+    max_body_bytes = Int(8 * 1024 * 1024, help="Largest JSON request body.").tag(config=True)
+    max_blob_bytes = Int(512 * 1024 * 1024, help="Largest source bundle or artifact upload.").tag(
+        config=True
+    )
+    max_log_batch_lines = Int(5000, help="Most lines in one log batch.").tag(config=True)
+    jupyter_user_role = Unicode(
+        "admin", help="Role of requests authenticated by the Jupyter server itself."
+    ).tag(config=True)
+
+    @default("data_dir")
+    def _default_data_dir(self) -> str:
+        return str(Path(jupyter_data_dir()) / "gpulayer")
+
+    @default("db_path")
+    def _default_db_path(self) -> str:
+        return str(Path(self.data_dir) / "gpulayer.db")
+
+    @validate("jupyter_user_role")
+    def _valid_role(self, proposal: dict[str, Any]) -> str:
+        if proposal["value"] not in ROLES:
+            raise ValueError(f"jupyter_user_role must be one of {ROLES}")
+        return proposal["value"]
+
+    def initialize_settings(self) -> None:
+        """Publish the (not yet started) services to handlers."""
+        self._services = Services(config=self)
+        self._background: list[asyncio.Task[None]] = []
+        self.settings["gpulayer"] = self._services
+
+    def initialize_handlers(self) -> None:
+        """Mount the route tables under the API prefix."""
+        prefix = API_PREFIX.lstrip("/")
+        for path, handler in handlers.ROUTES + worker_handlers.ROUTES:
+            self.handlers.append((rf"/{prefix}/{path}/?", handler))
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Open the store, recover state and start the lease sweep."""
+        data = Path(self.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        store = await Store(self.db_path).open()
+        tokens = TokenService(store)
+        await tokens.bootstrap(data)
+        notifier = Notifier()
+        blobs = BlobStore(data / "blobs")
+        scheduler = Scheduler(
+            store,
+            blobs,
+            notifier,
+            tokens,
+            heartbeat_seconds=self.heartbeat_seconds,
+            lease_seconds=self.lease_seconds,
+        )
+        await scheduler.recover()
+        s = self._services
+        s.store, s.blobs, s.tokens, s.notifier, s.scheduler = (
+            store,
+            blobs,
+            tokens,
+            notifier,
+            scheduler,
+        )
+        self._background.append(asyncio.create_task(self._sweep_loop(scheduler)))
+        await scheduler.schedule()
+        self.log.info("gpulayer control plane ready (data in %s)", data)
+
+    async def _sweep_loop(self, scheduler: Scheduler) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_seconds)
+            try:
+                await scheduler.sweep()
+            except Exception:
+                self.log.exception("gpulayer lease sweep failed")
+
+    def current_activity(self) -> dict[str, Any] | None:
+        """Report open long polls so idle culling leaves a busy control plane alone."""
+        n = self._services.notifier.waiting() if self._services.notifier else 0
+        return {"gpulayer_waiters": n} if n else None
+
+    async def stop_extension(self) -> None:
+        """Cancel background work and close the store."""
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._background.clear()
+        if self._services.store is not None:
+            await self._services.store.close()
+            self._services.scheduler = None
+
+
+main = launch_new_instance = GpulayerApp.launch_instance

@@ -1,0 +1,776 @@
+"""Jobs, tasks and workers: state machines, placement, leases.
+
+Job (and task) states::
+
+    queued ──▶ scheduled ──▶ running ──▶ succeeded | failed | cancelled | timed_out | lost
+      ▲            │            │
+      └────────────┴────────────┘   retry (failed or lost, while retries remain)
+
+A job is ``queued`` until placement gives it a task on a worker (``scheduled``);
+the worker's acquire long-poll picks the task up (``running``, with a lease that
+heartbeats renew). The task's end decides the job's end, or puts the job back in
+the queue for another attempt. Every transition writes an event with its time and
+reason, in the same transaction as the change itself.
+
+Worker states: ``ready`` (heartbeating) → ``unhealthy`` (missed three heartbeats)
+→ ``offline`` (silent for a whole lease); a heartbeat brings it back to ``ready``.
+Running tasks whose lease runs out end ``lost`` (or are retried).
+
+Placement order: priority (high first), then submission order; a job that does
+not fit anywhere does not block smaller ones behind it (backfill). Among workers
+that fit, the one with the fewest active tasks wins, then the name, so the same
+state always gives the same placement. For a job that fits nowhere,
+:meth:`Scheduler.explain` says per worker why.
+"""
+
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpulayer.contracts import (
+    TERMINAL_STATES,
+    Acquired,
+    Artifact,
+    Assignment,
+    Device,
+    Event,
+    Heartbeat,
+    HeartbeatReply,
+    Job,
+    JobSpec,
+    JobState,
+    LogAck,
+    LogBatch,
+    LogLine,
+    LogPage,
+    Registered,
+    Task,
+    TaskCompletion,
+    Worker,
+    WorkerRegistration,
+    WorkerState,
+)
+from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, ValidationError
+
+from .artifacts import BlobStore
+from .auth import Principal, TokenService
+from .store import Store
+from .streams import Notifier, job_key, logs_key, worker_key
+
+log = logging.getLogger("gpulayer.scheduler")
+
+_ALLOWED: dict[str, frozenset[str]] = {
+    "queued": frozenset({"scheduled", "cancelled"}),
+    "scheduled": frozenset({"running", "queued", "cancelled", "lost"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost", "queued"}),
+}
+_TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
+_GIB = 1024**3
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class _Usage:
+    """What one worker has committed to active tasks."""
+
+    tasks: int = 0
+    gpus: set[int] = field(default_factory=set)
+
+
+class Scheduler:
+    """The control plane's one service object; handlers only translate to it.
+
+    Parameters
+    ----------
+    store, blobs, notifier, tokens
+        The store, the blob directory, long-poll wake-ups and tokens.
+    heartbeat_seconds, lease_seconds
+        How often workers heartbeat, and how long a running task survives without one.
+    clock
+        Current UNIX time; tests inject their own to move time without sleeping.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        notifier: Notifier,
+        tokens: TokenService,
+        *,
+        heartbeat_seconds: float = 5.0,
+        lease_seconds: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.notifier = notifier
+        self.tokens = tokens
+        self.heartbeat_seconds = heartbeat_seconds
+        self.lease_seconds = lease_seconds
+        self.clock = clock
+        # One placement or state change at a time; SQLite has one writer anyway.
+        self._lock = asyncio.Lock()
+        # Cancel requests not yet handed to their worker's acquire.
+        self._cancels: dict[str, set[str]] = defaultdict(set)
+
+    # ------------------------------------------------------------ start-up
+
+    async def recover(self) -> None:
+        """After a control-plane (re)start: give workers a lease to come back,
+        and re-arm cancel requests that were not delivered yet."""
+        await self.store.extend_all_leases(self.clock() + self.lease_seconds)
+        for row in await self.store.active_tasks():
+            if row["cancel_requested"] and row["state"] == "running":
+                self._cancels[row["worker_id"]].add(row["id"])
+
+    # ---------------------------------------------------------------- jobs
+
+    async def submit(self, spec: JobSpec, owner: str) -> Job:
+        """Queue a job and try to place it at once."""
+        if spec.bundle is not None and not self.blobs.exists(spec.bundle):
+            raise ValidationError(
+                f"bundle {spec.bundle} was not uploaded (POST it to /blobs first)", field="bundle"
+            )
+        now = self.clock()
+        job_id = _new_id()
+        await self.store.insert_job(
+            {
+                "id": job_id,
+                "spec": spec.model_dump_json(),
+                "state": "queued",
+                "reason": "waiting for placement",
+                "owner": owner,
+                "priority": spec.priority,
+                "created_at": now,
+                "updated_at": now,
+            },
+            {"job_id": job_id, "ts": now, "state": "queued", "reason": f"submitted by {owner}"},
+        )
+        log.info("job %s queued", job_id)
+        await self.schedule()
+        return await self.get_job(job_id)
+
+    async def get_job(self, job_id: str) -> Job:
+        """A job with its tasks (and, while queued, why it waits)."""
+        row = await self._job_row(job_id)
+        job = self._job(row, await self.store.tasks_of_job(job_id), await self._worker_names())
+        if job.state == JobState.queued:
+            job.pending_reasons = await self.explain(job.spec)
+        return job
+
+    async def list_jobs(self, state: JobState | None = None, limit: int = 100) -> list[Job]:
+        """Jobs newest first."""
+        rows = await self.store.list_jobs(state.value if state else None, limit)
+        names = await self._worker_names()
+        return [self._job(r, [], names) for r in rows]
+
+    async def events(self, job_id: str) -> list[Event]:
+        """Every state change of a job, oldest first."""
+        await self._job_row(job_id)
+        return [
+            Event(
+                seq=r["seq"],
+                job_id=r["job_id"],
+                task_id=r["task_id"],
+                ts=_dt(r["ts"]),
+                state=r["state"],
+                reason=r["reason"],
+            )
+            for r in await self.store.events_of_job(job_id)
+        ]
+
+    async def cancel(self, job_id: str, by: str) -> Job:
+        """Cancel a job: at once while queued or not yet picked up, else through its worker.
+
+        Raises
+        ------
+        InvalidTransition
+            When the job already ended.
+        """
+        async with self._lock:
+            row = await self._job_row(job_id)
+            state = row["state"]
+            if state in _TERMINAL:
+                raise InvalidTransition(f"job {job_id} already {state}; there is nothing to cancel")
+            reason = f"cancelled by {by}"
+            stmts: list[tuple[str, Sequence[Any]]] = []
+            wake: str | None = None
+            task = await self._current_task(job_id)
+            if state == "running" and task is not None and task["state"] == "running":
+                if task["cancel_requested"]:
+                    return await self.get_job(job_id)
+                stmts.append(("UPDATE tasks SET cancel_requested = 1 WHERE id = ?", (task["id"],)))
+                stmts += self._event(job_id, task["id"], "cancel_requested", reason)
+                self._cancels[task["worker_id"]].add(task["id"])
+                wake = task["worker_id"]
+            else:
+                if task is not None and task["state"] == "scheduled":
+                    stmts += self._task_end(task, "cancelled", None, reason)
+                stmts += self._job_to(row, "cancelled", reason, ended=True)
+        if stmts:
+            await self.store.apply(stmts)
+        if wake:
+            self.notifier.notify(worker_key(wake))
+        self._notify_job(job_id)
+        log.info("job %s: cancel requested", job_id)
+        return await self.get_job(job_id)
+
+    async def wait(self, job_id: str, timeout: float) -> Job | None:
+        """The job once it ended, or None if it is still going after ``timeout`` s."""
+        await self._job_row(job_id)
+
+        async def ended() -> Job | None:
+            row = await self.store.get_job(job_id)
+            if row is not None and row["state"] in _TERMINAL:
+                return await self.get_job(job_id)
+            return None
+
+        return await self.notifier.wait_for(job_key(job_id), ended, timeout)
+
+    async def logs(self, job_id: str, offset: int, limit: int, wait: float) -> LogPage:
+        """Lines from ``offset``; waits up to ``wait`` s for the first new one."""
+        await self._job_row(job_id)
+
+        async def page(force: bool) -> LogPage | None:
+            rows = await self.store.read_logs(job_id, offset, limit)
+            job = await self.store.get_job(job_id)
+            assert job is not None
+            nxt = offset + len(rows)
+            complete = job["state"] in _TERMINAL and nxt >= job["log_count"]
+            if not (rows or complete or force):
+                return None
+            lines = [
+                LogLine(
+                    offset=r["offset"],
+                    stream=r["stream"],
+                    ts=_dt(r["ts"]),
+                    text=r["text"],
+                    task_id=r["task_id"],
+                )
+                for r in rows
+            ]
+            return LogPage(lines=lines, next_offset=nxt, complete=complete)
+
+        if wait > 0:
+            found = await self.notifier.wait_for(logs_key(job_id), lambda: page(False), wait)
+            if found is not None:
+                return found
+        result = await page(True)
+        assert result is not None
+        return result
+
+    async def artifacts(self, job_id: str) -> list[Artifact]:
+        """A job's artifacts."""
+        await self._job_row(job_id)
+        return [
+            Artifact(
+                name=r["name"], sha256=r["sha256"], size=r["size"], created_at=_dt(r["created_at"])
+            )
+            for r in await self.store.artifacts_of_job(job_id)
+        ]
+
+    async def artifact(self, job_id: str, name: str) -> Artifact:
+        """One artifact of a job."""
+        await self._job_row(job_id)
+        r = await self.store.get_artifact(job_id, name)
+        if r is None:
+            raise NotFound(f"job {job_id} has no artifact {name!r}")
+        return Artifact(
+            name=r["name"], sha256=r["sha256"], size=r["size"], created_at=_dt(r["created_at"])
+        )
+
+    # ------------------------------------------------------------- workers
+
+    async def workers(self) -> list[Worker]:
+        """Every known worker with its running tasks."""
+        running: dict[str, list[str]] = defaultdict(list)
+        for t in await self.store.active_tasks():
+            running[t["worker_id"]].append(t["id"])
+        return [self._worker(r, running[r["id"]]) for r in await self.store.list_workers()]
+
+    async def register(self, reg: WorkerRegistration) -> Registered:
+        """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
+        now = self.clock()
+        async with self._lock:
+            existing = await self.store.worker_by_name(reg.name)
+            if (
+                existing is not None
+                and existing["hostname"] != reg.hostname
+                and existing["state"] in ("ready", "draining")
+                and (existing["last_heartbeat"] or 0) > now - 3 * self.heartbeat_seconds
+            ):
+                raise Conflict(
+                    f"a worker named {reg.name!r} is connected from {existing['hostname']};"
+                    " pick another --name",
+                    field="name",
+                )
+            worker_id = existing["id"] if existing is not None else _new_id()
+            info = reg.model_dump(
+                mode="json",
+                include={"cpus", "memory_bytes", "devices", "labels", "slots", "version"},
+            )
+            await self.store.upsert_worker(
+                {
+                    "id": worker_id,
+                    "name": reg.name,
+                    "hostname": reg.hostname,
+                    "state": "ready",
+                    "info": info,
+                    "registered_at": existing["registered_at"] if existing else now,
+                    "last_heartbeat": now,
+                    "cpu_percent": None,
+                    "memory_used": None,
+                }
+            )
+            await self.store.revoke_worker_tokens(worker_id, now)
+            token = await self.tokens.create(f"worker:{reg.name}", "worker", worker_id=worker_id)
+            kill = await self._reconcile(worker_id, reg.running_tasks, now, grace=0.0)
+            for row in await self.store.active_tasks(worker_id):
+                if row["cancel_requested"] and row["state"] == "running":
+                    self._cancels[worker_id].add(row["id"])
+        log.info("worker %s (%s) registered", reg.name, worker_id)
+        await self.schedule()
+        return Registered(
+            worker_id=worker_id,
+            token=token,
+            heartbeat_seconds=self.heartbeat_seconds,
+            lease_seconds=self.lease_seconds,
+            kill_tasks=kill,
+        )
+
+    async def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatReply:
+        """Record a heartbeat, renew leases, and say which tasks to kill."""
+        now = self.clock()
+        row = await self._worker_row(worker_id)
+        came_back = row["state"] in ("unhealthy", "offline")
+        await self.store.heartbeat(worker_id, now, hb.cpu_percent, hb.memory_used_bytes)
+        async with self._lock:
+            kill = await self._reconcile(
+                worker_id, hb.running_tasks, now, grace=2 * self.heartbeat_seconds
+            )
+        if came_back:
+            log.info("worker %s is back", row["name"])
+            await self.schedule()
+        return HeartbeatReply(kill_tasks=kill)
+
+    async def acquire(self, worker_id: str, wait: float) -> Acquired | None:
+        """New assignments and cancels for a worker; waits up to ``wait`` s for some."""
+        await self._worker_row(worker_id)
+
+        async def take() -> Acquired | None:
+            async with self._lock:
+                cancels = sorted(self._cancels.pop(worker_id, ()))
+                rows = [
+                    r for r in await self.store.active_tasks(worker_id) if r["state"] == "scheduled"
+                ]
+                if not rows and not cancels:
+                    return None
+                now = self.clock()
+                stmts: list[tuple[str, Sequence[Any]]] = []
+                out = []
+                for t in rows:
+                    job = await self._job_row(t["job_id"])
+                    stmts.append(
+                        (
+                            "UPDATE tasks SET state = 'running', started_at = ?, lease_expires = ?"
+                            " WHERE id = ?",
+                            (now, now + self.lease_seconds, t["id"]),
+                        )
+                    )
+                    stmts += self._event(t["job_id"], t["id"], "running", "picked up by worker")
+                    stmts += self._job_to(job, "running", "running", started=True)
+                    out.append(
+                        Assignment(
+                            task_id=t["id"],
+                            job_id=t["job_id"],
+                            attempt=t["attempt"],
+                            spec=JobSpec.model_validate_json(job["spec"]),
+                            gpu_indices=json.loads(t["gpu_indices"]),
+                        )
+                    )
+                await self.store.apply(stmts)
+            for a in out:
+                self._notify_job(a.job_id)
+            return Acquired(assignments=out, cancel=cancels)
+
+        return await self.notifier.wait_for(worker_key(worker_id), take, wait)
+
+    # --------------------------------------------------------------- tasks
+
+    async def append_logs(self, principal: Principal, task_id: str, batch: LogBatch) -> LogAck:
+        """Store a worker's log batch (lines it already sent are ignored)."""
+        task = await self._own_task(principal, task_id)
+        if task["state"] in _TERMINAL:
+            raise Conflict(f"task {task_id} already {task['state']}; its logs are closed")
+        n = await self.store.append_logs(
+            task_id,
+            task["job_id"],
+            batch.seq,
+            [(e.stream.value, e.ts.timestamp(), e.text) for e in batch.lines],
+        )
+        self.notifier.notify(logs_key(task["job_id"]))
+        return LogAck(next_seq=n)
+
+    async def add_artifact(
+        self, principal: Principal, task_id: str, name: str, data: bytes
+    ) -> Artifact:
+        """Store a file a task produced under its job."""
+        task = await self._own_task(principal, task_id)
+        sha, size = await self.blobs.put(data)
+        now = self.clock()
+        await self.store.put_artifact(
+            {"job_id": task["job_id"], "name": name, "sha256": sha, "size": size, "created_at": now}
+        )
+        return Artifact(name=name, sha256=sha, size=size, created_at=_dt(now))
+
+    async def complete(self, principal: Principal, task_id: str, done: TaskCompletion) -> Task:
+        """A worker reports a task's end; decides the job's end or its retry.
+
+        Idempotent: a completion for a task that already ended answers the stored task.
+        """
+        task = await self._own_task(principal, task_id)
+        if task["state"] not in _TERMINAL:
+            async with self._lock:
+                task = await self._task_row(task_id)
+                if task["state"] not in _TERMINAL:
+                    await self.store.apply(
+                        await self._finish(task, done.state, done.exit_code, done.reason)
+                    )
+            log.info("task %s %s", task_id, done.state)
+            self._notify_job(task["job_id"])
+            await self.schedule()
+        return self._task(await self._task_row(task_id))
+
+    # ----------------------------------------------------------- placement
+
+    async def schedule(self) -> int:
+        """Place every queued job that fits; returns how many were placed."""
+        placed: list[tuple[str, str]] = []
+        async with self._lock:
+            workers = [w for w in await self.store.list_workers() if w["state"] == "ready"]
+            if not workers:
+                return 0
+            usage = await self._usage()
+            stmts: list[tuple[str, Sequence[Any]]] = []
+            now = self.clock()
+            for job in await self.store.queued_jobs():
+                spec = JobSpec.model_validate_json(job["spec"])
+                choice = None
+                for w in sorted(workers, key=lambda w: (usage[w["id"]].tasks, w["name"])):
+                    gpus = self._fit(spec, w, usage[w["id"]])
+                    if isinstance(gpus, list):
+                        choice = (w, gpus)
+                        break
+                if choice is None:
+                    continue
+                w, gpus = choice
+                task_id = _new_id()
+                attempt = job["attempts"] + 1
+                stmts.append(
+                    (
+                        "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices,"
+                        " created_at) VALUES (?, ?, ?, 'scheduled', ?, ?, ?)",
+                        (task_id, job["id"], attempt, w["id"], json.dumps(gpus), now),
+                    )
+                )
+                stmts.append(
+                    (
+                        "UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?",
+                        (attempt, w["id"], job["id"]),
+                    )
+                )
+                gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+                stmts += self._job_to(job, "scheduled", f"placed on {w['name']}{gpu_text}")
+                u = usage[w["id"]]
+                u.tasks += 1
+                u.gpus.update(gpus)
+                placed.append((job["id"], w["id"]))
+            if stmts:
+                await self.store.apply(stmts)
+        for job_id, worker_id in placed:
+            self.notifier.notify(worker_key(worker_id))
+            self._notify_job(job_id)
+        return len(placed)
+
+    async def explain(self, spec: JobSpec) -> list[str]:
+        """Per worker, why ``spec`` does not fit there now."""
+        rows = await self.store.list_workers()
+        if not rows:
+            return ["no workers have registered; start one with `gpulayer join URL --token T`"]
+        usage = await self._usage()
+        reasons = []
+        for w in rows:
+            if w["state"] != "ready":
+                reasons.append(f"{w['name']}: {w['state']}")
+                continue
+            why = self._fit(spec, w, usage[w["id"]])
+            reasons.append(
+                f"{w['name']}: fits, waiting for the next placement pass"
+                if isinstance(why, list)
+                else f"{w['name']}: {why}"
+            )
+        return reasons
+
+    def _fit(self, spec: JobSpec, worker: sqlite3.Row, usage: _Usage) -> list[int] | str:
+        """The GPU indices ``spec`` would get on ``worker``, or why it does not fit."""
+        info = json.loads(worker["info"])
+        res = spec.resources
+        if res.cpus > info["cpus"]:
+            return f"needs {res.cpus:g} CPUs, has {info['cpus']}"
+        if res.memory is not None and res.memory > info["memory_bytes"]:
+            return (
+                f"needs {res.memory / _GIB:.1f} GiB memory,"
+                f" has {info['memory_bytes'] / _GIB:.1f} GiB"
+            )
+        devices = [Device.model_validate(d) for d in info["devices"]]
+        gpus = [d.index for d in devices if d.kind != "cpu"]
+        if res.gpus > len(gpus):
+            return f"needs {res.gpus} GPU{'s' if res.gpus != 1 else ''}, has {len(gpus)}"
+        if usage.tasks >= info["slots"]:
+            return f"all {info['slots']} task slots busy"
+        free = [i for i in gpus if i not in usage.gpus]
+        if res.gpus > len(free):
+            return f"needs {res.gpus} GPU{'s' if res.gpus != 1 else ''}, has {len(free)} free"
+        return free[: res.gpus]
+
+    async def _usage(self) -> dict[str, _Usage]:
+        usage: dict[str, _Usage] = defaultdict(_Usage)
+        for t in await self.store.active_tasks():
+            u = usage[t["worker_id"]]
+            u.tasks += 1
+            u.gpus.update(json.loads(t["gpu_indices"]))
+        return usage
+
+    # -------------------------------------------------------------- leases
+
+    async def sweep(self) -> None:
+        """Mark silent workers and end (or retry) tasks whose lease ran out."""
+        now = self.clock()
+        changed = False
+        for w in await self.store.list_workers():
+            silent = now - (w["last_heartbeat"] or w["registered_at"])
+            new = None
+            if silent > self.lease_seconds and w["state"] != "offline":
+                new = "offline"
+            elif silent > 3 * self.heartbeat_seconds and w["state"] in ("ready", "draining"):
+                new = "unhealthy"
+            if new:
+                await self.store.set_worker_state(w["id"], new)
+                log.info("worker %s is %s (silent %.1fs)", w["name"], new, silent)
+        async with self._lock:
+            stmts: list[tuple[str, Sequence[Any]]] = []
+            ended = []
+            for t in await self.store.expired_leases(now):
+                stmts += await self._finish(t, "lost", None, "worker stopped renewing the lease")
+                ended.append(t["job_id"])
+            if stmts:
+                await self.store.apply(stmts)
+                changed = True
+        for job_id in ended:
+            self._notify_job(job_id)
+        if changed:
+            await self.schedule()
+
+    async def _reconcile(
+        self, worker_id: str, reported: Sequence[str], now: float, grace: float
+    ) -> list[str]:
+        """Compare what a worker says it runs with the store (lock held).
+
+        Returns the reported tasks the control plane no longer runs there (to kill);
+        running tasks the worker no longer reports, picked up more than ``grace`` s
+        ago, end as lost (or retry).
+        """
+        mine = {
+            r["id"]: r for r in await self.store.active_tasks(worker_id) if r["state"] == "running"
+        }
+        listed = set(reported)
+        kill = sorted(listed - set(mine))
+        await self.store.renew_leases(
+            worker_id, sorted(listed & set(mine)), now + self.lease_seconds
+        )
+        stmts: list[tuple[str, Sequence[Any]]] = []
+        for tid, row in mine.items():
+            if tid not in listed and (row["started_at"] or 0) < now - grace:
+                stmts += await self._finish(row, "lost", None, "the worker no longer runs it")
+        if stmts:
+            await self.store.apply(stmts)
+            for tid in mine.keys() - listed:
+                self._notify_job(mine[tid]["job_id"])
+        return kill
+
+    # ------------------------------------------------------- state changes
+
+    async def _finish(
+        self, task: sqlite3.Row, state: str, exit_code: int | None, reason: str | None
+    ) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that end ``task`` and move its job on (lock held)."""
+        job = await self._job_row(task["job_id"])
+        spec = JobSpec.model_validate_json(job["spec"])
+        reason = reason or {"succeeded": "exit code 0"}.get(state, state)
+        stmts = self._task_end(task, state, exit_code, reason)
+        if state in ("failed", "lost") and job["attempts"] <= spec.retries:
+            left = spec.retries - job["attempts"] + 1
+            stmts += self._job_to(
+                job,
+                "queued",
+                f"attempt {job['attempts']} {state} ({reason}); retrying,"
+                f" {left} attempt{'s' if left != 1 else ''} left",
+            )
+        else:
+            stmts += self._job_to(job, state, reason, ended=True, exit_code=exit_code)
+        return stmts
+
+    def _task_end(
+        self, task: sqlite3.Row, state: str, exit_code: int | None, reason: str | None
+    ) -> list[tuple[str, Sequence[Any]]]:
+        self._check(task["state"], state, f"task {task['id']}")
+        return [
+            (
+                "UPDATE tasks SET state = ?, exit_code = ?, reason = ?, ended_at = ? WHERE id = ?",
+                (state, exit_code, reason, self.clock(), task["id"]),
+            ),
+            *self._event(task["job_id"], task["id"], state, reason),
+        ]
+
+    def _job_to(
+        self,
+        job: sqlite3.Row,
+        state: str,
+        reason: str | None,
+        *,
+        started: bool = False,
+        ended: bool = False,
+        exit_code: int | None = None,
+    ) -> list[tuple[str, Sequence[Any]]]:
+        if job["state"] == state:
+            return []
+        self._check(job["state"], state, f"job {job['id']}")
+        now = self.clock()
+        sets = ["state = ?", "reason = ?", "updated_at = ?"]
+        params: list[Any] = [state, reason, now]
+        if started:
+            sets.append("started_at = COALESCE(started_at, ?)")
+            params.append(now)
+        if ended:
+            sets += ["ended_at = ?", "exit_code = ?"]
+            params += [now, exit_code]
+        return [
+            (f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job["id"])),
+            *self._event(job["id"], None, state, reason),
+        ]
+
+    def _event(
+        self, job_id: str, task_id: str | None, state: str, reason: str | None
+    ) -> list[tuple[str, Sequence[Any]]]:
+        return [
+            (
+                "INSERT INTO events (job_id, task_id, ts, state, reason) VALUES (?, ?, ?, ?, ?)",
+                (job_id, task_id, self.clock(), state, reason),
+            )
+        ]
+
+    @staticmethod
+    def _check(current: str, new: str, what: str) -> None:
+        if new not in _ALLOWED.get(current, frozenset()):
+            raise InvalidTransition(f"{what} cannot go from {current} to {new}")
+
+    def _notify_job(self, job_id: str) -> None:
+        self.notifier.notify(job_key(job_id))
+        self.notifier.notify(logs_key(job_id))
+
+    # ---------------------------------------------------------------- rows
+
+    async def _job_row(self, job_id: str) -> sqlite3.Row:
+        row = await self.store.get_job(job_id)
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        return row
+
+    async def _task_row(self, task_id: str) -> sqlite3.Row:
+        row = await self.store.get_task(task_id)
+        if row is None:
+            raise NotFound(f"no task with id {task_id!r}")
+        return row
+
+    async def _worker_row(self, worker_id: str) -> sqlite3.Row:
+        row = await self.store.get_worker(worker_id)
+        if row is None:
+            raise NotFound(f"no worker with id {worker_id!r}; register again")
+        return row
+
+    async def _own_task(self, principal: Principal, task_id: str) -> sqlite3.Row:
+        task = await self._task_row(task_id)
+        if principal.role == "worker" and task["worker_id"] != principal.worker_id:
+            raise Forbidden(f"task {task_id} does not run on this worker")
+        return task
+
+    async def _current_task(self, job_id: str) -> sqlite3.Row | None:
+        tasks = await self.store.tasks_of_job(job_id)
+        return tasks[-1] if tasks else None
+
+    def _task(self, r: sqlite3.Row, names: dict[str, str] | None = None) -> Task:
+        return Task(
+            id=r["id"],
+            job_id=r["job_id"],
+            attempt=r["attempt"],
+            state=r["state"],
+            worker_id=r["worker_id"],
+            worker_name=(names or {}).get(r["worker_id"]),
+            gpu_indices=json.loads(r["gpu_indices"]),
+            exit_code=r["exit_code"],
+            reason=r["reason"],
+            created_at=_dt(r["created_at"]),
+            started_at=_dt(r["started_at"]),
+            ended_at=_dt(r["ended_at"]),
+        )
+
+    async def _worker_names(self) -> dict[str, str]:
+        return {w["id"]: w["name"] for w in await self.store.list_workers()}
+
+    def _job(self, r: sqlite3.Row, tasks: list[sqlite3.Row], names: dict[str, str]) -> Job:
+        return Job(
+            id=r["id"],
+            spec=JobSpec.model_validate_json(r["spec"]),
+            state=r["state"],
+            reason=r["reason"],
+            owner=r["owner"],
+            exit_code=r["exit_code"],
+            attempts=r["attempts"],
+            worker_id=r["worker_id"],
+            worker_name=names.get(r["worker_id"]),
+            created_at=_dt(r["created_at"]),
+            updated_at=_dt(r["updated_at"]),
+            started_at=_dt(r["started_at"]),
+            ended_at=_dt(r["ended_at"]),
+            tasks=[self._task(t, names) for t in tasks],
+        )
+
+    def _worker(self, r: sqlite3.Row, running: list[str]) -> Worker:
+        info = json.loads(r["info"])
+        return Worker(
+            id=r["id"],
+            name=r["name"],
+            hostname=r["hostname"],
+            state=WorkerState(r["state"]),
+            registered_at=_dt(r["registered_at"]),
+            last_heartbeat=_dt(r["last_heartbeat"]),
+            running_tasks=running,
+            cpu_percent=r["cpu_percent"],
+            memory_used_bytes=r["memory_used"],
+            **info,
+        )

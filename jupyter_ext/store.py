@@ -1,0 +1,409 @@
+"""The embedded store: one SQLite file in WAL mode behind one aiosqlite connection.
+
+One long-lived connection is the single writer; aiosqlite runs its calls in order
+on its own thread, so handlers never block the event loop. The schema version
+lives in ``PRAGMA user_version`` and :meth:`Store.open` migrates an older file in
+place, step by step (``_MIGRATIONS[n]`` moves version ``n`` to ``n + 1``).
+
+Rows keep times as UNIX seconds (REAL); the scheduler turns them into contract
+models. All SQL is parameterized.
+"""
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gpulayer.errors import Conflict
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          TEXT NOT NULL UNIQUE,
+    spec        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    owner       TEXT NOT NULL,
+    priority    INTEGER NOT NULL DEFAULT 0,
+    exit_code   INTEGER,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    worker_id   TEXT,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    started_at  REAL,
+    ended_at    REAL,
+    log_count   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
+CREATE TABLE IF NOT EXISTS tasks (
+    id               TEXT PRIMARY KEY,
+    job_id           TEXT NOT NULL REFERENCES jobs (id),
+    attempt          INTEGER NOT NULL,
+    state            TEXT NOT NULL,
+    worker_id        TEXT,
+    gpu_indices      TEXT NOT NULL DEFAULT '[]',
+    exit_code        INTEGER,
+    reason           TEXT,
+    created_at       REAL NOT NULL,
+    started_at       REAL,
+    ended_at         REAL,
+    lease_expires    REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    log_seq          INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks (job_id, attempt);
+CREATE INDEX IF NOT EXISTS tasks_by_worker ON tasks (worker_id, state);
+CREATE TABLE IF NOT EXISTS events (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id   TEXT NOT NULL,
+    task_id  TEXT,
+    ts       REAL NOT NULL,
+    state    TEXT NOT NULL,
+    reason   TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, seq);
+CREATE TABLE IF NOT EXISTS logs (
+    job_id   TEXT NOT NULL,
+    offset   INTEGER NOT NULL,
+    task_id  TEXT,
+    stream   TEXT NOT NULL,
+    ts       REAL NOT NULL,
+    text     TEXT NOT NULL,
+    PRIMARY KEY (job_id, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS artifacts (
+    job_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    sha256     TEXT NOT NULL,
+    size       INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (job_id, name)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    id              TEXT PRIMARY KEY,
+    name            TEXT NOT NULL UNIQUE,
+    hostname        TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    info            TEXT NOT NULL,
+    registered_at   REAL NOT NULL,
+    last_heartbeat  REAL,
+    cpu_percent     REAL,
+    memory_used     INTEGER
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    hash        TEXT NOT NULL UNIQUE,
+    created_at  REAL NOT NULL,
+    expires_at  REAL,
+    revoked_at  REAL,
+    worker_id   TEXT
+);
+"""
+
+#: Index n holds the script that moves a database from version n to n + 1.
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+class Store:
+    """Async access to the gpulayer database.
+
+    Methods are small and named for what the scheduler needs; each write
+    commits before it returns, and batched writes (log lines) use one
+    transaction for the whole batch.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._db: aiosqlite.Connection | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def open(self) -> "Store":
+        """Open (creating or migrating) the database file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(self.path, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA foreign_keys=ON")
+        await db.execute("PRAGMA busy_timeout=5000")
+        self._db = db
+        await self._migrate()
+        return self
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        """The open connection."""
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    async def schema_version(self) -> int:
+        """The file's ``PRAGMA user_version``."""
+        row = await self._one("PRAGMA user_version")
+        return int(row[0]) if row else 0
+
+    async def _migrate(self) -> None:
+        version = await self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {version}; this gpulayer knows up to"
+                f" {SCHEMA_VERSION}. Upgrade gpulayer or use another --data-dir."
+            )
+        for step in range(version, SCHEMA_VERSION):
+            await self.db.executescript(
+                "BEGIN;" + _MIGRATIONS[step] + f"PRAGMA user_version={step + 1};COMMIT;"
+            )
+
+    # -------------------------------------------------------------- helpers
+
+    async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        async with self.db.execute(sql, params) as cur:
+            return await cur.fetchone()
+
+    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        async with self.db.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Run several statements in one transaction."""
+        db = self.db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                await db.execute(sql, params)
+        except sqlite3.IntegrityError as e:
+            await db.execute("ROLLBACK")
+            raise Conflict(f"conflicts with stored data: {e}") from e
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        await db.execute("COMMIT")
+
+    # ----------------------------------------------------------------- jobs
+
+    async def insert_job(self, row: dict[str, Any], event: dict[str, Any]) -> None:
+        """Store a new job and its first event together."""
+        await self._write([_insert("jobs", row), _insert("events", event)])
+
+    async def get_job(self, job_id: str) -> sqlite3.Row | None:
+        """One job row by id."""
+        return await self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+
+    async def list_jobs(self, state: str | None, limit: int) -> list[sqlite3.Row]:
+        """Jobs newest first, optionally of one state."""
+        if state:
+            return await self._all(
+                "SELECT * FROM jobs WHERE state = ? ORDER BY seq DESC LIMIT ?", (state, limit)
+            )
+        return await self._all("SELECT * FROM jobs ORDER BY seq DESC LIMIT ?", (limit,))
+
+    async def queued_jobs(self) -> list[sqlite3.Row]:
+        """Queued jobs in placement order: priority, then submission."""
+        return await self._all(
+            "SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq ASC"
+        )
+
+    async def count_jobs(self, states: Sequence[str]) -> int:
+        """How many jobs are in any of ``states``."""
+        marks = ",".join("?" * len(states))
+        row = await self._one(f"SELECT COUNT(*) FROM jobs WHERE state IN ({marks})", states)
+        return int(row[0]) if row else 0
+
+    # ---------------------------------------------------------------- tasks
+
+    async def get_task(self, task_id: str) -> sqlite3.Row | None:
+        """One task row by id."""
+        return await self._one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+
+    async def tasks_of_job(self, job_id: str) -> list[sqlite3.Row]:
+        """A job's tasks, oldest attempt first."""
+        return await self._all("SELECT * FROM tasks WHERE job_id = ? ORDER BY attempt", (job_id,))
+
+    async def active_tasks(self, worker_id: str | None = None) -> list[sqlite3.Row]:
+        """Tasks that hold resources (scheduled or running), optionally of one worker."""
+        if worker_id is None:
+            return await self._all("SELECT * FROM tasks WHERE state IN ('scheduled', 'running')")
+        return await self._all(
+            "SELECT * FROM tasks WHERE worker_id = ? AND state IN ('scheduled', 'running')",
+            (worker_id,),
+        )
+
+    async def expired_leases(self, now: float) -> list[sqlite3.Row]:
+        """Running tasks whose lease ran out."""
+        return await self._all(
+            "SELECT * FROM tasks WHERE state = 'running' AND lease_expires < ?", (now,)
+        )
+
+    async def renew_leases(self, worker_id: str, task_ids: Sequence[str], until: float) -> None:
+        """Extend the leases of a worker's running tasks."""
+        if not task_ids:
+            return
+        marks = ",".join("?" * len(task_ids))
+        await self._write(
+            [
+                (
+                    f"UPDATE tasks SET lease_expires = ? WHERE worker_id = ?"
+                    f" AND state = 'running' AND id IN ({marks})",
+                    (until, worker_id, *task_ids),
+                )
+            ]
+        )
+
+    async def extend_all_leases(self, until: float) -> None:
+        """After a restart: give every running task time for its worker to return."""
+        await self._write(
+            [("UPDATE tasks SET lease_expires = ? WHERE state = 'running'", (until,))]
+        )
+
+    async def apply(self, statements: list[tuple[str, Sequence[Any]]]) -> None:
+        """Run the scheduler's prepared statements in one transaction."""
+        await self._write(statements)
+
+    # ----------------------------------------------------------------- logs
+
+    async def append_logs(
+        self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[str, float, str]]
+    ) -> int:
+        """Store the lines of a batch the task does not have yet.
+
+        ``lines`` are ``(stream, ts, text)``; the first is line ``first_seq`` of the
+        task. Returns the task's new line count. One transaction per batch.
+        """
+        db = self.db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            trow = await self._one("SELECT log_seq FROM tasks WHERE id = ?", (task_id,))
+            jrow = await self._one("SELECT log_count FROM jobs WHERE id = ?", (job_id,))
+            assert trow is not None and jrow is not None
+            have, offset = int(trow[0]), int(jrow[0])
+            skip = max(0, have - first_seq)
+            fresh = lines[skip:] if first_seq <= have else []
+            if fresh:
+                await db.executemany(
+                    "INSERT INTO logs (job_id, offset, task_id, stream, ts, text)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (job_id, offset + i, task_id, stream, ts, text)
+                        for i, (stream, ts, text) in enumerate(fresh)
+                    ],
+                )
+                await db.execute(
+                    "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                )
+                await db.execute(
+                    "UPDATE jobs SET log_count = ? WHERE id = ?", (offset + len(fresh), job_id)
+                )
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        await db.execute("COMMIT")
+        return have + len(fresh)
+
+    async def read_logs(self, job_id: str, offset: int, limit: int) -> list[sqlite3.Row]:
+        """Up to ``limit`` lines of a job from ``offset`` on."""
+        return await self._all(
+            "SELECT * FROM logs WHERE job_id = ? AND offset >= ? ORDER BY offset LIMIT ?",
+            (job_id, offset, limit),
+        )
+
+    # --------------------------------------------------------------- events
+
+    async def events_of_job(self, job_id: str) -> list[sqlite3.Row]:
+        """A job's events, oldest first."""
+        return await self._all("SELECT * FROM events WHERE job_id = ? ORDER BY seq", (job_id,))
+
+    # ------------------------------------------------------------ artifacts
+
+    async def put_artifact(self, row: dict[str, Any]) -> None:
+        """Record (or replace) a job's artifact."""
+        await self._write([_insert("artifacts", row, replace=True)])
+
+    async def artifacts_of_job(self, job_id: str) -> list[sqlite3.Row]:
+        """A job's artifacts by name."""
+        return await self._all("SELECT * FROM artifacts WHERE job_id = ? ORDER BY name", (job_id,))
+
+    async def get_artifact(self, job_id: str, name: str) -> sqlite3.Row | None:
+        """One artifact of a job."""
+        return await self._one(
+            "SELECT * FROM artifacts WHERE job_id = ? AND name = ?", (job_id, name)
+        )
+
+    # -------------------------------------------------------------- workers
+
+    async def get_worker(self, worker_id: str) -> sqlite3.Row | None:
+        """One worker by id."""
+        return await self._one("SELECT * FROM workers WHERE id = ?", (worker_id,))
+
+    async def worker_by_name(self, name: str) -> sqlite3.Row | None:
+        """One worker by its unique name."""
+        return await self._one("SELECT * FROM workers WHERE name = ?", (name,))
+
+    async def list_workers(self) -> list[sqlite3.Row]:
+        """All workers by name."""
+        return await self._all("SELECT * FROM workers ORDER BY name")
+
+    async def upsert_worker(self, row: dict[str, Any]) -> None:
+        """Insert or replace a worker row."""
+        await self._write([_insert("workers", row, replace=True)])
+
+    async def heartbeat(
+        self, worker_id: str, ts: float, cpu: float | None, mem: int | None
+    ) -> None:
+        """Record a heartbeat (and bring an unhealthy worker back to ready)."""
+        await self._write(
+            [
+                (
+                    "UPDATE workers SET last_heartbeat = ?, cpu_percent = ?, memory_used = ?,"
+                    " state = CASE WHEN state IN ('unhealthy', 'offline') THEN 'ready'"
+                    " ELSE state END WHERE id = ?",
+                    (ts, cpu, mem, worker_id),
+                )
+            ]
+        )
+
+    async def set_worker_state(self, worker_id: str, state: str) -> None:
+        """Move a worker to ``state``."""
+        await self._write([("UPDATE workers SET state = ? WHERE id = ?", (state, worker_id))])
+
+    # --------------------------------------------------------------- tokens
+
+    async def insert_token(self, row: dict[str, Any]) -> None:
+        """Store a token record (its hash, never the token)."""
+        await self._write([_insert("tokens", row)])
+
+    async def token_by_hash(self, digest: str) -> sqlite3.Row | None:
+        """The token record with this hash."""
+        return await self._one("SELECT * FROM tokens WHERE hash = ?", (digest,))
+
+    async def revoke_worker_tokens(self, worker_id: str, ts: float) -> None:
+        """Revoke every earlier token of a worker (it got a new one)."""
+        await self._write(
+            [
+                (
+                    "UPDATE tokens SET revoked_at = ? WHERE worker_id = ? AND revoked_at IS NULL",
+                    (ts, worker_id),
+                )
+            ]
+        )
+
+
+def _insert(table: str, row: dict[str, Any], *, replace: bool = False) -> tuple[str, list[Any]]:
+    """An INSERT statement for ``row`` (dict values are stored as JSON)."""
+    cols = list(row)
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    values = [json.dumps(v) if isinstance(v, dict | list) else v for v in row.values()]
+    return sql, values
