@@ -15,12 +15,13 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Connection", "Job", "__version__", "connect", "submit"]
+__all__ = ["Connection", "Job", "__version__", "connect", "current_connection", "submit"]
 
 _LAZY = {
     "Connection": "gpulayer.client",
     "Job": "gpulayer.client",
     "connect": "gpulayer.client",
+    "current_connection": "gpulayer.client",
     "submit": "gpulayer.client",
 }
 
@@ -29,3 +30,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

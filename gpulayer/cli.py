@@ -23,9 +23,12 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from gpulayer import __version__, client, config, contracts, errors
+
+if TYPE_CHECKING:
+    from gpulayer.cluster import LocalCluster
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
 
@@ -34,10 +37,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors become one gpulayer error line."""
 
     def error(self, message: str) -> NoReturn:
-        hint = ""
-        if self.prog.endswith(" submit") and "unrecognized arguments" in message:
-            hint = "; put the command after `--`, e.g. gpulayer submit -- python -c 'print(1)'"
-        raise errors.ValidationError(f"{message}{hint} (see `{self.prog} --help`)")
+        raise errors.ValidationError(f"{message} (see `{self.prog} --help`)")
 
 
 # ------------------------------------------------------------------ parsing
@@ -134,9 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     arts.add_argument("--download", type=Path, metavar="DIR")
     arts.set_defaults(func=_cmd_artifacts)
 
-    sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(
-        func=_cmd_demo
-    )
+    sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_cmd_demo)
     return parser
 
 
@@ -155,7 +153,7 @@ def main(argv: Sequence[str] | None = None, *, connection: client.Connection | N
         embedding and tests).
     """
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(build_parser(), argv)
         args.connection = connection
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -166,6 +164,16 @@ def main(argv: Sequence[str] | None = None, *, connection: client.Connection | N
         return _fail(e.message, 2 if isinstance(e, errors.ValidationError) else 1)
     except (OSError, TimeoutError) as e:
         return _fail(str(e) or type(e).__name__, 1)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if args.cmd == "submit":
+            hint = "; put the command after `--`, e.g. gpulayer submit -- python -c 'print(1)'"
+        raise errors.ValidationError(f"unrecognized arguments: {shlex.join(extra)}{hint}")
+    return args
 
 
 def _fail(message: str, code: int) -> int:
@@ -220,7 +228,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _print_up(cluster: Any, args: argparse.Namespace, data_dir: Path) -> None:
+def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path) -> None:
     url = cluster.url
     token_file = data_dir / "admin.token"
     remote_url = url
@@ -248,15 +256,16 @@ def _print_up(cluster: Any, args: argparse.Namespace, data_dir: Path) -> None:
 
 def _cmd_join(args: argparse.Namespace) -> int:
     try:
-        from gpulayer import worker
+        from gpulayer.worker import AgentConfig
+        from gpulayer.worker import main as agent_main
     except ImportError as e:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
-    cfg = worker.AgentConfig(
+    cfg = AgentConfig(
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label),
     )  # fmt: skip
     try:
-        return int(worker.main(cfg))
+        return int(agent_main(cfg))
     except ValueError as e:  # e.g. a malformed GPULAYER_SIMULATED_GPUS
         raise errors.ValidationError(str(e)) from e
 
@@ -455,7 +464,6 @@ def _devices(devices: Sequence[contracts.Device]) -> str:
     for d in devices:
         if d.kind == "cpu":
             continue
-        label = d.name + (" (sim)" if d.simulated else "")
+        label = d.name + (" (sim)" if d.simulated and "simulated" not in d.name.lower() else "")
         counts[label] = counts.get(label, 0) + 1
     return ", ".join(f"{n}x {label}" for label, n in counts.items()) or "-"
-

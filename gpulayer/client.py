@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -257,9 +257,7 @@ class Connection:
             params["wait"] = wait
         if limit is not None:
             params["limit"] = limit
-        resp = self._request(
-            "GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204)
-        )
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204))
         if resp.status_code == 204:  # the hold ran out: nothing new yet
             return contracts.LogPage(lines=[], next_offset=offset, complete=False)
         return self._parse(resp, contracts.LogPage)
@@ -441,6 +439,10 @@ class Job:
             worker=info.worker_name,
         )
 
+    @overload
+    def logs(self, follow: Literal[False] = False) -> list[str]: ...
+    @overload
+    def logs(self, follow: Literal[True]) -> Iterator[contracts.LogLine]: ...
     def logs(self, follow: bool = False) -> list[str] | Iterator[contracts.LogLine]:
         """The job's output.
 

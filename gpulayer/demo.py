@@ -100,9 +100,10 @@ def step_cancel(conn: "gl.Connection") -> bool:
     """Cancel a job while it sleeps."""
     code = "import time; print('sleeping for a minute', flush=True); time.sleep(60)"
     job = gl.submit([sys.executable, "-c", code], name="demo-sleeps", connection=conn)
-    for line in job.logs(follow=True):  # the first line proves it is running
+    for line in job.logs(follow=True):
         _show(line.text)
-        break
+        if line.stream == "stdout":  # its own first line: the program is running
+            break
     print(f"cancelling {job.id} while it is {job.status}")
     job.cancel().wait(timeout=30)
     print(f"-> {job!r}")

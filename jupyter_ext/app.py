@@ -9,7 +9,7 @@ single-user server) or headless through ``python -m jupyter_ext`` (what
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ class Services:
     tokens: TokenService | None = None
     notifier: Notifier | None = None
     scheduler: Scheduler | None = None
+    #: Set once the start hook has opened the store; requests that arrive earlier wait.
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class GpulayerApp(ExtensionApp):
@@ -126,6 +128,7 @@ class GpulayerApp(ExtensionApp):
         )
         self._background.append(asyncio.create_task(self._sweep_loop(scheduler)))
         await scheduler.schedule()
+        s.ready.set()
         self.log.info("gpulayer control plane ready (data in %s)", data)
 
     async def _sweep_loop(self, scheduler: Scheduler) -> None:

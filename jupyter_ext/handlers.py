@@ -46,6 +46,7 @@ from gpulayer.errors import (
 from .auth import Principal, bearer_token, requires
 
 AUTH_RESOURCE = "gpulayer"
+STARTUP_WAIT_SECONDS = 30.0
 M = TypeVar("M", bound=pydantic.BaseModel)
 T = TypeVar("T")
 
@@ -105,7 +106,7 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         """The extension's services (see ``app.Services``)."""
         services = self.settings["gpulayer"]
         if services.scheduler is None:
-            raise web.HTTPError(503, "gpulayer is starting")
+            raise web.HTTPError(503, "gpulayer is not running")
         return services
 
     @property
@@ -121,6 +122,12 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             raise PayloadTooLarge(
                 f"request body is {body_len} bytes; this route takes at most {self.max_body_bytes}"
             )
+        services = self.settings["gpulayer"]
+        if not services.ready.is_set():
+            try:
+                await asyncio.wait_for(services.ready.wait(), STARTUP_WAIT_SECONDS)
+            except TimeoutError as e:
+                raise web.HTTPError(503, "gpulayer is still starting") from e
         token = bearer_token(self.request.headers.get("Authorization"))
         if token is not None:
             self.principal = await self.gl.tokens.resolve(token)

@@ -1,0 +1,294 @@
+"""The sync client against canned answers (httpx.MockTransport), and config resolution."""
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpulayer import client, config, contracts, errors
+
+URL = "http://lab.example:8888/a%40b/"
+API = "http://lab.example:8888/a%40b/gpulayer/api/v1/"
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def job_model(state: str = "queued", **kw: object) -> contracts.Job:
+    spec = contracts.JobSpec(command=["true"])
+    fields: dict[str, object] = {
+        "id": "j1",
+        "spec": spec,
+        "state": state,
+        "owner": "admin",
+        "created_at": NOW,
+        "updated_at": NOW,
+    }
+    fields.update(kw)
+    return contracts.Job.model_validate(fields)
+
+
+def answer(model: contracts.BaseModel, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, content=model.model_dump_json().encode())
+
+
+def line(offset: int, text: str) -> contracts.LogLine:
+    return contracts.LogLine(offset=offset, stream="stdout", ts=NOW, text=text)
+
+
+class Recorder:
+    """A MockTransport handler that records requests and replays canned answers."""
+
+    def __init__(self, *answers: httpx.Response | Handler) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        nxt = self.answers.pop(0)
+        return nxt(request) if callable(nxt) else nxt
+
+    def connection(self) -> client.Connection:
+        return client.Connection(URL, "gl_secret", transport=httpx.MockTransport(self))
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def test_paths_join_onto_a_percent_encoded_base_url_and_carry_the_bearer_token() -> None:
+    rec = Recorder(answer(contracts.Health(version="1")), answer(contracts.JobList(jobs=[])))
+    with rec.connection() as conn:
+        assert conn.health().version == "1"
+        assert conn.jobs(state="running", limit=5) == []
+    first, second = rec.requests
+    assert str(first.url) == API + "health"
+    assert first.url.raw_path == b"/a%40b/gpulayer/api/v1/health"
+    assert first.headers["Authorization"] == "Bearer gl_secret"
+    assert second.url.path.endswith("/jobs")
+    assert dict(second.url.params) == {"limit": "5", "state": "running"}
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "field", "cls"),
+    [
+        (400, "invalid", "resources.gpus", errors.ValidationError),
+        (401, "unauthenticated", None, errors.AuthError),
+        (403, "forbidden", None, errors.Forbidden),
+        (404, "not_found", None, errors.NotFound),
+        (409, "invalid_transition", None, errors.InvalidTransition),
+        (413, "too_large", None, errors.PayloadTooLarge),
+    ],
+)
+def test_error_bodies_map_to_their_exception_class(
+    status: int, code: str, field: str | None, cls: type[errors.GpulayerError]
+) -> None:
+    body = contracts.ErrorBody(code=code, message="it went wrong", field=field)
+    with Recorder(answer(body, status)).connection() as conn, pytest.raises(cls) as info:
+        conn.job("j1")
+    assert type(info.value) is cls
+    assert info.value.message == "it went wrong"
+    assert info.value.field == field
+
+
+def test_an_unknown_code_or_a_non_json_answer_is_an_api_error_with_context() -> None:
+    odd = contracts.ErrorBody(code="internal", message="internal error; see the server log")
+    rec = Recorder(answer(odd, 500), httpx.Response(502, text="<html>bad gateway</html>"))
+    with rec.connection() as conn:
+        with pytest.raises(errors.ApiError) as info:
+            conn.workers()
+        assert (info.value.status, info.value.method) == (500, "GET")
+        assert info.value.url == API + "workers"
+        assert info.value.message == "internal error; see the server log"
+        with pytest.raises(errors.ApiError, match="502") as info:
+            conn.workers()
+        assert info.value.status == 502
+
+
+def test_a_transport_failure_is_connection_failed() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with Recorder(refuse).connection() as conn, pytest.raises(errors.ConnectionFailed) as info:
+        conn.health()
+    assert "cannot reach the gpulayer control plane at " + URL in info.value.message
+    assert "connection refused" in info.value.message
+
+
+def test_a_non_http_url_is_a_config_error() -> None:
+    with pytest.raises(errors.ConfigError):
+        client.Connection("lab.example:8888", "gl_x")
+
+
+# ------------------------------------------------------------------- routes
+
+
+def test_wait_long_polls_through_204s_until_the_job_ended() -> None:
+    done = job_model("succeeded", exit_code=0)
+    rec = Recorder(httpx.Response(204), httpx.Response(204), answer(done))
+    with rec.connection() as conn:
+        assert conn.wait("j1").state == "succeeded"
+    assert len(rec.requests) == 3
+    for req in rec.requests:
+        assert req.url.path.endswith("/jobs/j1/wait")
+        assert float(req.url.params["timeout"]) <= client.LONG_POLL_SECONDS
+
+
+def test_wait_with_a_deadline_raises_timeout_error() -> None:
+    def route(request: httpx.Request) -> httpx.Response:
+        rec.answers.append(route)  # answer every request the same way
+        if request.url.path.endswith("/wait"):
+            return httpx.Response(204)
+        return answer(job_model("running"))
+
+    rec = Recorder(route)
+    with rec.connection() as conn, pytest.raises(TimeoutError, match="j1 did not end"):
+        conn.wait("j1", timeout=0.05)
+    assert rec.requests[-1].url.path.endswith("/jobs/j1")
+    assert all(float(r.url.params["timeout"]) <= 0.05 for r in rec.requests[:-1])
+
+
+def test_follow_logs_yields_each_line_once_across_pages_until_complete() -> None:
+    pages = [
+        contracts.LogPage(lines=[line(0, "a"), line(1, "b")], next_offset=2, complete=False),
+        httpx.Response(204),  # a hold that ran out
+        # An overlapping page (a retried request): line 1 must not come twice.
+        contracts.LogPage(lines=[line(1, "b"), line(2, "c")], next_offset=3, complete=True),
+        contracts.LogPage(lines=[], next_offset=3, complete=True),
+    ]
+    rec = Recorder(*(p if isinstance(p, httpx.Response) else answer(p) for p in pages))
+    with rec.connection() as conn:
+        assert [ln.text for ln in conn.follow_logs("j1")] == ["a", "b", "c"]
+    offsets = [int(r.url.params["offset"]) for r in rec.requests]
+    assert offsets == [0, 2, 2, 3]
+    assert rec.requests[0].url.params["wait"] == "30.0"
+
+
+def test_download_writes_artifacts_below_dest_and_refuses_escapes(tmp_path: Path) -> None:
+    arts = contracts.ArtifactList(
+        artifacts=[
+            contracts.Artifact(name="plots/loss.png", sha256="0" * 64, size=3, created_at=NOW),
+            contracts.Artifact(name="../evil", sha256="1" * 64, size=1, created_at=NOW),
+        ]
+    )
+    rec = Recorder(answer(arts), httpx.Response(200, content=b"png"), answer(arts))
+    with rec.connection() as conn:
+        assert conn.download("j1", tmp_path, names=["plots/loss.png"]) == [
+            tmp_path / "plots" / "loss.png"
+        ]
+        assert (tmp_path / "plots" / "loss.png").read_bytes() == b"png"
+        with pytest.raises(errors.ValidationError, match="outside"):
+            conn.download("j1", tmp_path / "dl")
+    assert rec.requests[1].url.raw_path.endswith(b"/jobs/j1/artifacts/plots/loss.png")
+    assert not (tmp_path / "evil").exists()
+
+
+# ------------------------------------------------------------ module level
+
+
+def submitted(rec: Recorder) -> contracts.JobSpec:
+    return contracts.JobSpec.model_validate_json(rec.requests[-1].content)
+
+
+def test_submit_a_string_runs_a_shell_and_a_list_runs_an_argv() -> None:
+    rec = Recorder(answer(job_model(), 201), answer(job_model(), 201))
+    conn = rec.connection()
+    job = client.submit("echo hi | wc -c", gpus=1, timeout="10m", connection=conn)
+    assert isinstance(job, client.Job)
+    assert job.id == "j1"
+    assert job.state == "queued"
+    spec = submitted(rec)
+    assert (spec.shell, spec.command) == ("echo hi | wc -c", None)
+    assert (spec.resources.gpus, spec.timeout) == (1, 600.0)
+    client.submit(["python", "-c", "print(1)"], env={"A": "1"}, connection=conn)
+    spec = submitted(rec)
+    assert (spec.command, spec.shell, spec.env) == (["python", "-c", "print(1)"], None, {"A": "1"})
+    assert rec.requests[-1].headers["Content-Type"] == "application/json"
+
+
+def test_submit_with_a_workdir_uploads_the_bundle_first(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    sha = "a" * 64
+    rec = Recorder(answer(contracts.BlobRef(sha256=sha, size=10), 201), answer(job_model(), 201))
+    client.submit(["python", "train.py"], workdir=tmp_path, connection=rec.connection())
+    upload, post = rec.requests
+    assert upload.url.path.endswith("/blobs")
+    assert upload.content[:2] == b"\x1f\x8b"  # gzip
+    assert contracts.JobSpec.model_validate_json(post.content).bundle == sha
+
+
+def test_a_bad_option_is_a_validation_error_naming_the_field_before_any_request() -> None:
+    rec = Recorder()
+    with pytest.raises(errors.ValidationError) as info:
+        client.submit(["true"], gpus=-1, connection=rec.connection())
+    assert info.value.field == "resources.gpus"
+    assert "resources.gpus" in info.value.message
+    with pytest.raises(errors.ValidationError, match="duration"):
+        client.submit(["true"], timeout="soon", connection=rec.connection())
+    assert rec.requests == []
+
+
+def test_job_handle_waits_raises_on_failure_and_reprs() -> None:
+    failed = job_model("failed", exit_code=3, reason="exit code 3", worker_name="box1")
+    rec = Recorder(answer(job_model(), 201), answer(failed))
+    job = client.submit(["false"], connection=rec.connection())
+    with pytest.raises(errors.JobFailed) as info:
+        job.wait(raise_on_failure=True)
+    assert (info.value.state, info.value.exit_code, info.value.worker) == ("failed", 3, "box1")
+    assert repr(job) == "<Job j1 failed exit=3 worker=box1>"
+
+
+def test_job_logs_reads_every_page() -> None:
+    pages = [
+        contracts.LogPage(lines=[line(0, "a"), line(1, "b")], next_offset=2, complete=False),
+        contracts.LogPage(lines=[line(2, "c")], next_offset=3, complete=True),
+        contracts.LogPage(lines=[], next_offset=3, complete=True),
+    ]
+    rec = Recorder(*(answer(p) for p in pages))
+    job = client.Job(rec.connection(), job_model("succeeded"))
+    assert job.logs() == ["a", "b", "c"]
+
+
+# ------------------------------------------------------------------- config
+
+
+@pytest.fixture
+def gl_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cfg" / "connection.json"
+    monkeypatch.setenv("GPULAYER_CONFIG", str(path))
+    monkeypatch.delenv("GPULAYER_URL", raising=False)
+    monkeypatch.delenv("GPULAYER_TOKEN", raising=False)
+    return path
+
+
+def test_config_resolution_order_is_args_then_env_then_file(
+    gl_config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved = config.save(config.ConnectionConfig(url="http://file/", token="gl_file"))
+    assert saved == gl_config_file
+    assert gl_config_file.stat().st_mode & 0o777 == 0o600
+    assert json.loads(gl_config_file.read_text())["url"] == "http://file/"
+    assert config.resolve() == config.ConnectionConfig(url="http://file/", token="gl_file")
+    monkeypatch.setenv("GPULAYER_URL", "http://env/")
+    monkeypatch.setenv("GPULAYER_TOKEN", "gl_env")
+    assert config.resolve() == config.ConnectionConfig(url="http://env/", token="gl_env")
+    assert config.resolve("http://arg/", "gl_arg") == config.ConnectionConfig(
+        url="http://arg/", token="gl_arg"
+    )
+
+
+def test_the_file_token_is_not_sent_to_another_url(gl_config_file: Path) -> None:
+    config.save(config.ConnectionConfig(url="http://file/", token="gl_file"))
+    assert config.resolve("http://file").token == "gl_file"
+    with pytest.raises(errors.ConfigError, match="no gpulayer token for http://other/"):
+        config.resolve("http://other/")
+
+
+def test_nothing_configured_says_how_to_fix_it(gl_config_file: Path) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        config.resolve()
+    assert "gpulayer up" in info.value.message
+    assert "GPULAYER_URL" in info.value.message
+    assert "gl.connect(url, token)" in info.value.message

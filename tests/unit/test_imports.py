@@ -1,0 +1,65 @@
+"""Dependency direction (STYLE.md §1), each rule checked in a fresh interpreter."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ["torch", "IPython", "ipywidgets", "pynvml", "tornado", "jupyter_server", "jupyter_ext"]
+
+PROBE = """
+import importlib, json, sys
+try:
+    for name in {modules!r}:
+        importlib.import_module(name)
+except ImportError as e:
+    print(json.dumps({{"skip": repr(e)}}))
+    raise SystemExit(0)
+print(json.dumps({{"loaded": sorted(sys.modules), "files": {{
+    name: getattr(sys.modules[name], "__file__", None) for name in {modules!r}}}}}))
+"""
+
+
+def imported_by(*modules: str) -> tuple[set[str], dict[str, str | None]]:
+    """Modules in ``sys.modules`` after importing ``modules`` in a fresh interpreter."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(modules=list(modules))],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in result:
+        pytest.skip(f"{', '.join(modules)} does not import yet: {result['skip']}")
+    return set(result["loaded"]), result["files"]
+
+
+def tops(loaded: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in loaded}
+
+
+@pytest.mark.parametrize("module", ["gpulayer", "gpulayer.client", "gpulayer.cli"])
+def test_kernel_side_imports_stay_light(module: str) -> None:
+    loaded, _ = imported_by(module)
+    assert tops(loaded).isdisjoint(HEAVY), sorted(tops(loaded) & set(HEAVY))
+
+
+def test_import_gpulayer_does_not_load_the_http_client() -> None:
+    loaded, _ = imported_by("gpulayer")
+    assert "httpx" not in loaded
+    assert "gpulayer.client" not in loaded
+
+
+def test_gpulayer_never_imports_jupyter_ext() -> None:
+    loaded, _ = imported_by("gpulayer.cli", "gpulayer.client")
+    assert "jupyter_ext" not in tops(loaded)
+    loaded, _ = imported_by("gpulayer.worker")
+    assert tops(loaded).isdisjoint({"jupyter_ext", "IPython", "ipywidgets", "tornado"})
+
+
+def test_jupyter_ext_imports_neither_client_nor_worker() -> None:
+    loaded, files = imported_by("jupyter_ext")
+    if files["jupyter_ext"] is None:
+        pytest.skip("jupyter_ext is only a namespace folder so far")
+    assert not {"gpulayer.client", "gpulayer.worker", "gpulayer.cli"} & loaded
+    assert not any(name.startswith("gpulayer.worker") for name in loaded)
