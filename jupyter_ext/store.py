@@ -134,7 +134,11 @@ class Store:
         await db.execute("PRAGMA foreign_keys=ON")
         await db.execute("PRAGMA busy_timeout=5000")
         self._db = db
-        await self._migrate()
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def close(self) -> None:

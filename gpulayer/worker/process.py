@@ -1,0 +1,382 @@
+"""Run a command task as a child process, independent of HTTP.
+
+A task gets a directory ``<data_dir>/tasks/<task_id>/`` (:class:`TaskDir`) with
+``work/`` (its cwd, where the job's bundle is unpacked) and ``artifacts/`` (files
+to keep). :class:`CommandRun` starts the command in a new session, so the child
+and everything it forks share one process group, and hands every output line to
+a callback as it arrives.
+
+Whatever ends the run, the whole process tree goes with it: a timeout or a cancel
+sends SIGTERM to the group (and to descendants that left it) and SIGKILL after a
+grace period; children still alive after a normal exit of the command get the
+same treatment. Zombies count as gone: they hold no resources and, on a machine
+whose init never reaps orphans, would otherwise look alive forever.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from gpulayer import bundle
+from gpulayer.contracts import Assignment, JobSpec, LogStream, TaskCompletion, format_duration
+
+log = logging.getLogger(__name__)
+
+#: ``on_line(stream, text, ts)``: one line of output, without its newline.
+LineCallback = Callable[[LogStream, str, datetime], None]
+
+#: Variables of the worker's own environment that a task never inherits.
+_PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
+
+_READ_CHUNK_BYTES = 64 * 1024
+_POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, in the terms of :class:`~gpulayer.contracts.TaskCompletion`."""
+
+    state: Literal["succeeded", "failed", "cancelled", "timed_out"]
+    exit_code: int | None = None
+    reason: str | None = None
+
+    def completion(self) -> TaskCompletion:
+        """The completion body the worker sends for this outcome."""
+        reason = None if self.reason is None else self.reason[:4096]
+        return TaskCompletion(state=self.state, exit_code=self.exit_code, reason=reason)
+
+
+class TaskDir:
+    """``<tasks_root>/<task_id>/`` with ``work/`` (the cwd) and ``artifacts/``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.work = root / "work"
+        self.artifacts = root / "artifacts"
+
+    @classmethod
+    def create(cls, tasks_root: Path, task_id: str) -> "TaskDir":
+        """Make a fresh, empty task directory (blocking: call it in a thread)."""
+        task_dir = cls(Path(tasks_root).absolute() / task_id)
+        if task_dir.root.exists():
+            shutil.rmtree(task_dir.root)
+        task_dir.work.mkdir(parents=True)
+        task_dir.artifacts.mkdir()
+        return task_dir
+
+    def unpack(self, data: bytes) -> None:
+        """Unpack a source bundle into ``work/`` (blocking).
+
+        Raises
+        ------
+        gpulayer.errors.ValidationError
+            If the bundle is not a safe tar.gz.
+        """
+        bundle.unpack(data, self.work)
+
+    def artifact_files(self) -> list[tuple[str, Path]]:
+        """``(name, path)`` of every regular file under ``artifacts/``, names relative
+        posix paths, symlinks skipped (blocking)."""
+        files = []
+        for dirpath, dirnames, filenames in os.walk(self.artifacts):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                path = Path(dirpath, fname)
+                if stat.S_ISREG(path.lstat().st_mode):
+                    files.append((path.relative_to(self.artifacts).as_posix(), path))
+        return files
+
+    def remove(self) -> None:
+        """Delete the task directory and everything in it (blocking)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def task_env(
+    assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a task's process: ``base`` (default ``os.environ``), then the
+    job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _PRIVATE_ENV}
+    env.update(assignment.spec.env)
+    env.update(
+        GPULAYER_JOB_ID=assignment.job_id,
+        GPULAYER_TASK_ID=assignment.task_id,
+        GPULAYER_ATTEMPT=str(assignment.attempt),
+        GPULAYER_ARTIFACTS=str(Path(artifacts).absolute()),
+        CUDA_VISIBLE_DEVICES=",".join(str(i) for i in assignment.gpu_indices),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def argv_for(spec: JobSpec) -> list[str]:
+    """The argv a job runs: its ``command``, or ``/bin/sh -c`` with its ``shell``."""
+    if spec.shell is not None:
+        return ["/bin/sh", "-c", spec.shell]
+    assert spec.command is not None  # JobSpec guarantees exactly one of the two
+    return list(spec.command)
+
+
+class CommandRun:
+    """One run of a command task: start it, stream its lines, stop its whole tree.
+
+    Parameters
+    ----------
+    spec
+        The job; ``command``/``shell`` and ``timeout`` are used here.
+    cwd, env
+        Working directory and complete environment of the process.
+    on_line
+        Called with ``(stream, text, ts)`` for each line of stdout and stderr, and
+        for ``system`` lines the run writes itself (a command that cannot start).
+    kill_grace_seconds
+        How long a SIGTERM-ed process group gets before SIGKILL.
+    max_line_bytes
+        A line longer than this (no newline in sight) is handed over in pieces.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        on_line: LineCallback,
+        kill_grace_seconds: float = 5.0,
+        max_line_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.argv = argv_for(spec)
+        self.timeout_seconds = spec.timeout
+        self.cwd = cwd
+        self.env = dict(env)
+        self.on_line = on_line
+        self.kill_grace_seconds = kill_grace_seconds
+        self.max_line_bytes = max_line_bytes
+        self._cancel_reason: str | None = None
+        self._cancelled = asyncio.Event()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._escaped: list[psutil.Process] = []
+
+    @property
+    def pid(self) -> int | None:
+        """The process id of the command (its process group id too), once started."""
+        return None if self._proc is None else self._proc.pid
+
+    def cancel(self, reason: str = "cancelled by user") -> None:
+        """Stop the run (SIGTERM, then SIGKILL after the grace); it ends ``cancelled``.
+
+        Safe before :meth:`run` (the command then never starts) and after it ended.
+        """
+        if self._cancel_reason is None:
+            self._cancel_reason = reason
+            self._cancelled.set()
+
+    async def run(self) -> Outcome:
+        """Run the command to its end and say how it ended. Call once."""
+        if self._cancel_reason is not None:
+            return Outcome("cancelled", None, self._cancel_reason)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                start_new_session=True,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as e:
+            reason = f"cannot start {self.argv[0]!r}: {e.strerror or e}"
+            self.on_line(LogStream.system, reason, datetime.now(UTC))
+            return Outcome("failed", None, reason)
+        self._proc = proc
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            asyncio.create_task(self._pump(proc.stdout, LogStream.stdout)),
+            asyncio.create_task(self._pump(proc.stderr, LogStream.stderr)),
+        ]
+        finished = False
+        try:
+            cause = await self._wait(proc)
+            # After a normal exit only lingering children are left to stop.
+            await self._stop_tree(proc)
+            await self._drain(pumps)
+            finished = True
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            if not finished:  # run() itself was cancelled or failed: leave nothing behind
+                self._signal_tree(proc.pid, signal.SIGKILL)
+        return self._outcome(cause, proc.returncode)
+
+    async def _wait(self, proc: asyncio.subprocess.Process) -> str | None:
+        """Wait for the exit, a cancel or the timeout; ``None`` for an exit by itself."""
+        exited = asyncio.ensure_future(_leader_exit(proc))
+        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {exited, cancelled},
+                timeout=self.timeout_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            exited.cancel()
+            cancelled.cancel()
+        if exited in done:
+            return None
+        return "cancel" if cancelled in done else "timeout"
+
+    def _outcome(self, cause: str | None, returncode: int | None) -> Outcome:
+        """Map what ended the run and the exit status onto a task state."""
+        if cause == "cancel":
+            return Outcome("cancelled", returncode, self._cancel_reason)
+        if cause == "timeout":
+            reason = f"timed out after {format_duration(self.timeout_seconds)}"
+            return Outcome("timed_out", returncode, reason)
+        if returncode == 0:
+            return Outcome("succeeded", 0, None)
+        if returncode is not None and returncode < 0:
+            try:
+                name = signal.Signals(-returncode).name
+            except ValueError:
+                name = f"signal {-returncode}"
+            return Outcome("failed", returncode, f"killed by signal {name}")
+        return Outcome("failed", returncode, f"exit code {returncode}")
+
+    # -------------------------------------------------------------- the tree
+
+    async def _stop_tree(self, proc: asyncio.subprocess.Process) -> None:
+        """SIGTERM the process group and strays, SIGKILL whatever outlives the grace."""
+        if proc.returncode is None:
+            # Descendants that called setsid() left the group; find them while the
+            # leader is alive, because once it is gone they are orphans of init.
+            with contextlib.suppress(psutil.Error):
+                self._escaped = psutil.Process(proc.pid).children(recursive=True)
+        elif not self._alive(proc.pid):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.kill_grace_seconds
+        self._signal_tree(proc.pid, signal.SIGTERM)
+        if await self._gone_by(proc, deadline):
+            return
+        log.debug("process group %s outlived SIGTERM; sending SIGKILL", proc.pid)
+        self._signal_tree(proc.pid, signal.SIGKILL)
+        await self._gone_by(proc, loop.time() + 1.0)
+
+    async def _gone_by(self, proc: asyncio.subprocess.Process, deadline: float) -> bool:
+        """Wait until the leader and the rest of the tree are gone, or the deadline."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_leader_exit(proc), max(deadline - loop.time(), 0))
+        # Other members are not our children: no event tells when they are gone.
+        while self._alive(proc.pid):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_SECONDS)
+        return True
+
+    def _alive(self, pgid: int) -> bool:
+        """True while a live (non-zombie) member of the group or a stray exists."""
+        return bool(_group_members(pgid)) or any(_is_live(p) for p in self._escaped)
+
+    def _signal_tree(self, pgid: int, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process group and to descendants that left it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        for p in self._escaped:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)  # psutil checks the pid was not reused
+
+    # ------------------------------------------------------------ the output
+
+    async def _drain(self, pumps: list["asyncio.Task[None]"]) -> None:
+        """Let the readers reach end of file; give up if something still holds a pipe."""
+        done, pending = await asyncio.wait(pumps, timeout=self.kill_grace_seconds)
+        for pump in done:
+            pump.result()  # an error of on_line surfaces here
+        if pending:
+            self.on_line(
+                LogStream.system,
+                "stopped reading output: a process outside the task still holds its pipes",
+                datetime.now(UTC),
+            )
+
+    async def _pump(self, reader: asyncio.StreamReader, stream: LogStream) -> None:
+        """Split a pipe into lines (any length, last one maybe without newline)."""
+        pending = bytearray()
+        while chunk := await reader.read(_READ_CHUNK_BYTES):
+            start = 0
+            while (nl := chunk.find(b"\n", start)) >= 0:
+                pending += chunk[start:nl]
+                self._emit(stream, pending)
+                pending.clear()
+                start = nl + 1
+            pending += chunk[start:]
+            while len(pending) > self.max_line_bytes:
+                cut = _utf8_boundary(pending, self.max_line_bytes)
+                self._emit(stream, pending[:cut])
+                del pending[:cut]
+        if pending:
+            self._emit(stream, pending)
+
+    def _emit(self, stream: LogStream, data: bytearray) -> None:
+        self.on_line(stream, data.decode("utf-8", errors="replace"), datetime.now(UTC))
+
+
+async def _leader_exit(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the command itself has exited.
+
+    On Python 3.11 ``proc.wait()`` also waits for its pipes to close, so a child left
+    holding stdout would hide the exit; the return code is set at the exit itself.
+    """
+    waiter = asyncio.ensure_future(proc.wait())
+    try:
+        while not waiter.done() and proc.returncode is None:
+            await asyncio.wait({waiter}, timeout=_POLL_SECONDS)
+    finally:
+        waiter.cancel()
+
+
+def _utf8_boundary(data: bytearray, limit: int) -> int:
+    """The largest cut ``<= limit`` that does not split a UTF-8 character."""
+    cut = limit
+    # Continuation bytes look like 0b10xxxxxx; a character has at most 3 of them.
+    while cut > limit - 3 and cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut
+
+
+def _is_live(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # some member belongs to another user; look closer
+    members = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members

@@ -1,0 +1,246 @@
+"""The scheduler on a real SQLite file with an injected clock (no HTTP, no sleeps)."""
+
+import asyncio
+import contextlib
+
+import pytest
+
+from gpulayer.contracts import Heartbeat, JobSpec, TaskCompletion, WorkerRegistration
+from gpulayer.errors import InvalidTransition, NotFound
+from jupyter_ext.artifacts import BlobStore
+from jupyter_ext.auth import Principal, TokenService
+from jupyter_ext.scheduler import Scheduler
+from jupyter_ext.store import SCHEMA_VERSION, Store
+from jupyter_ext.streams import Notifier
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def world(tmp_path):
+    @contextlib.asynccontextmanager
+    async def make():
+        clock = Clock()
+        store = await Store(tmp_path / "gl.db").open()
+        try:
+            yield (
+                Scheduler(
+                    store,
+                    BlobStore(tmp_path / "blobs"),
+                    Notifier(),
+                    TokenService(store, clock),
+                    heartbeat_seconds=1.0,
+                    lease_seconds=10.0,
+                    clock=clock,
+                ),
+                clock,
+            )
+        finally:
+            await store.close()
+
+    return make
+
+
+def reg(name, gpus=0, slots=2):
+    devices = [
+        {"index": i, "kind": "cuda", "name": "A100", "memory_bytes": 80 << 30, "simulated": True}
+        for i in range(gpus)
+    ]
+    return WorkerRegistration(
+        name=name,
+        hostname=name,
+        cpus=4,
+        memory_bytes=16 << 30,
+        devices=devices,
+        slots=slots,
+        version="t",
+    )
+
+
+def spec(**kw):
+    return JobSpec(command=["true"], **kw)
+
+
+def as_worker(r):
+    return Principal(name="w", role="worker", worker_id=r.worker_id)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_two_one_gpu_jobs_share_a_two_gpu_worker_on_different_gpus(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.register(reg("box", gpus=2))
+            a = await sched.submit(spec(resources={"gpus": 1}), "u")
+            b = await sched.submit(spec(resources={"gpus": 1}), "u")
+            c = await sched.submit(spec(resources={"gpus": 1}), "u")
+            got = await sched.acquire(r.worker_id, 0)
+            assert sorted(x.gpu_indices[0] for x in got.assignments) == [0, 1]
+            assert {x.job_id for x in got.assignments} == {a.id, b.id}
+            waiting = await sched.get_job(c.id)
+            assert waiting.state == "queued"
+            assert waiting.pending_reasons == ["box: all 2 task slots busy"]
+            await sched.complete(
+                as_worker(r),
+                got.assignments[0].task_id,
+                TaskCompletion(state="succeeded", exit_code=0),
+            )
+            assert (await sched.get_job(c.id)).state == "scheduled"
+
+    run(body())
+
+
+def test_a_job_too_big_for_every_worker_says_so_per_worker(world):
+    async def body():
+        async with world() as (sched, _):
+            await sched.register(reg("small", gpus=1))
+            await sched.register(reg("cpu"))
+            job = await sched.submit(spec(resources={"gpus": 2, "memory": "64GiB"}), "u")
+            assert job.pending_reasons == [
+                "cpu: needs 64.0 GiB memory, has 16.0 GiB",
+                "small: needs 64.0 GiB memory, has 16.0 GiB",
+            ]
+            job = await sched.submit(spec(resources={"gpus": 2}), "u")
+            assert job.pending_reasons == ["cpu: needs 2 GPUs, has 0", "small: needs 2 GPUs, has 1"]
+
+    run(body())
+
+
+def test_priority_goes_first_and_small_jobs_backfill(world):
+    async def body():
+        async with world() as (sched, _):
+            big = await sched.submit(spec(resources={"gpus": 4}), "u")
+            low = await sched.submit(spec(priority=-1), "u")
+            high = await sched.submit(spec(priority=5), "u")
+            r = await sched.register(reg("box", slots=1))
+            got = await sched.acquire(r.worker_id, 0)
+            assert [x.job_id for x in got.assignments] == [high.id]
+            assert (await sched.get_job(big.id)).state == "queued"
+            await sched.complete(
+                as_worker(r),
+                got.assignments[0].task_id,
+                TaskCompletion(state="succeeded", exit_code=0),
+            )
+            got = await sched.acquire(r.worker_id, 0)
+            assert [x.job_id for x in got.assignments] == [low.id]
+
+    run(body())
+
+
+def test_a_silent_worker_goes_unhealthy_then_offline_and_its_task_is_retried(world):
+    async def body():
+        async with world() as (sched, clock):
+            r1 = await sched.register(reg("one", slots=1))
+            job = await sched.submit(spec(retries=1), "u")
+            first = (await sched.acquire(r1.worker_id, 0)).assignments[0]
+            clock.now += 4
+            await sched.sweep()
+            assert {w.name: w.state for w in await sched.workers()} == {"one": "unhealthy"}
+            clock.now += 7  # past the 10 s lease
+            await sched.sweep()
+            assert {w.name: w.state for w in await sched.workers()} == {"one": "offline"}
+            j = await sched.get_job(job.id)
+            assert j.state == "queued" and "lost" in j.reason and "retrying" in j.reason
+            r2 = await sched.register(reg("two", slots=1))
+            second = (await sched.acquire(r2.worker_id, 0)).assignments[0]
+            assert second.job_id == job.id and second.attempt == 2
+            # The first worker comes back still running the old attempt: told to kill it.
+            hb = await sched.heartbeat(r1.worker_id, Heartbeat(running_tasks=[first.task_id]))
+            assert hb.kill_tasks == [first.task_id]
+            # Its late completion does not change the job.
+            await sched.complete(
+                as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
+            )
+            assert (await sched.get_job(job.id)).state == "running"
+
+    run(body())
+
+
+def test_lost_without_retries_ends_lost(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.register(reg("one"))
+            job = await sched.submit(spec(), "u")
+            await sched.acquire(r.worker_id, 0)
+            clock.now += 11
+            await sched.sweep()
+            j = await sched.get_job(job.id)
+            assert j.state == "lost" and j.reason == "worker stopped renewing the lease"
+
+    run(body())
+
+
+def test_heartbeats_keep_a_long_task_alive(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.register(reg("one"))
+            job = await sched.submit(spec(), "u")
+            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
+            for _ in range(5):
+                clock.now += 5
+                await sched.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
+                await sched.sweep()
+            assert (await sched.get_job(job.id)).state == "running"
+
+    run(body())
+
+
+def test_a_restarted_worker_that_lost_its_task_reports_it_lost_at_once(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.register(reg("one"))
+            job = await sched.submit(spec(), "u")
+            await sched.acquire(r.worker_id, 0)
+            clock.now += 1
+            again = await sched.register(reg("one"))
+            assert again.worker_id == r.worker_id and again.kill_tasks == []
+            assert (await sched.get_job(job.id)).state == "lost"
+
+    run(body())
+
+
+def test_state_machine_refuses_bad_transitions(world):
+    async def body():
+        async with world() as (sched, _):
+            job = await sched.submit(spec(), "u")
+            await sched.cancel(job.id, "u")
+            with pytest.raises(InvalidTransition, match="already cancelled"):
+                await sched.cancel(job.id, "u")
+            with pytest.raises(NotFound):
+                await sched.get_job("missing")
+
+    run(body())
+
+
+def test_store_migrates_an_empty_file_and_refuses_a_newer_one(tmp_path):
+    async def body():
+        store = await Store(tmp_path / "a.db").open()
+        assert await store.schema_version() == SCHEMA_VERSION
+        await store.db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        await store.close()
+        with pytest.raises(RuntimeError, match="Upgrade gpulayer"):
+            await Store(tmp_path / "a.db").open()
+
+    run(body())
+
+
+def test_reopening_keeps_jobs(tmp_path):
+    async def body():
+        store = await Store(tmp_path / "a.db").open()
+        sched = Scheduler(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
+        job = await sched.submit(spec(name="keep"), "u")
+        await store.close()
+        store = await Store(tmp_path / "a.db").open()
+        sched = Scheduler(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
+        assert (await sched.get_job(job.id)).spec.name == "keep"
+        await store.close()
+
+    run(body())

@@ -1,0 +1,285 @@
+"""The worker protocol over real HTTP against the real control plane.
+
+These tests play the worker's side of the protocol by hand so each step and
+each refusal can be asserted; tests/integration runs the real agent.
+"""
+
+import asyncio
+from datetime import UTC, datetime
+
+JOB = {"command": ["python", "-c", "print('hi')"]}
+
+
+def registration(name="box1", **kw):
+    return {
+        "name": name,
+        "hostname": "host-" + name,
+        "cpus": 4,
+        "memory_bytes": 8 << 30,
+        "version": "test",
+        "slots": 2,
+        **kw,
+    }
+
+
+def lines(*texts, stream="stdout"):
+    now = datetime.now(UTC).isoformat()
+    return [{"stream": stream, "ts": now, "text": t} for t in texts]
+
+
+async def join(gl_api, name="box1", **kw):
+    status, reg = await gl_api(
+        "workers", "register", method="POST", json_body=registration(name, **kw), token="join"
+    )
+    assert status == 200, reg
+    return reg
+
+
+async def test_register_gives_a_worker_token_that_only_acts_for_itself(gl_api):
+    reg = await join(gl_api)
+    assert reg["token"].startswith("gl_") and reg["heartbeat_seconds"] == 0.5
+    other = await join(gl_api, "box2")
+    status, err = await gl_api(
+        "workers", other["worker_id"], "heartbeat", method="POST", json_body={}, token=reg["token"]
+    )
+    assert status == 403 and err["code"] == "forbidden"
+    status, err = await gl_api("jobs", method="POST", json_body=JOB, token=reg["token"])
+    assert status == 403
+    status, workers = await gl_api("workers")
+    assert [(w["name"], w["state"]) for w in workers["workers"]] == [
+        ("box1", "ready"),
+        ("box2", "ready"),
+    ]
+
+
+async def test_registering_again_keeps_the_id_and_revokes_the_old_token(gl_api):
+    first = await join(gl_api)
+    again = await join(gl_api)
+    assert again["worker_id"] == first["worker_id"]
+    status, _ = await gl_api(
+        "workers",
+        first["worker_id"],
+        "heartbeat",
+        method="POST",
+        json_body={},
+        token=first["token"],
+    )
+    assert status == 401
+    status, _ = await gl_api(
+        "workers",
+        first["worker_id"],
+        "heartbeat",
+        method="POST",
+        json_body={},
+        token=again["token"],
+    )
+    assert status == 200
+
+
+async def test_bad_registration_is_400_naming_the_field(gl_api):
+    status, err = await gl_api(
+        "workers", "register", method="POST", json_body=registration(cpus=0), token="join"
+    )
+    assert status == 400 and err["field"] == "cpus"
+    status, err = await gl_api(
+        "workers", "register", method="POST", json_body=registration(gpus=2), token="join"
+    )
+    assert status == 400 and err["field"] == "gpus" and "unknown field" in err["message"]
+    assert (await gl_api("workers"))[1]["workers"] == []
+
+
+async def test_a_job_runs_through_the_protocol_end_to_end(gl_api):
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    # The acquire long poll is open before the job exists and answers when it is placed.
+    acquire = asyncio.ensure_future(
+        gl_api("workers", wid, "acquire", method="POST", params={"wait": "5"}, token=tok)
+    )
+    await asyncio.sleep(0.05)
+    _, job = await gl_api("jobs", method="POST", json_body=JOB)
+    status, got = await acquire
+    assert status == 200
+    [a] = got["assignments"]
+    assert a["job_id"] == job["id"] and a["attempt"] == 1 and a["spec"]["command"] == JOB["command"]
+    tid = a["task_id"]
+    assert (await gl_api("jobs", job["id"]))[1]["state"] == "running"
+
+    status, ack = await gl_api(
+        "tasks",
+        tid,
+        "logs",
+        method="POST",
+        token=tok,
+        json_body={"seq": 0, "lines": lines("one", "two")},
+    )
+    assert status == 200 and ack == {"next_seq": 2}
+    # A batch sent again after a lost answer, overlapping what is stored, adds only the new line.
+    status, ack = await gl_api(
+        "tasks",
+        tid,
+        "logs",
+        method="POST",
+        token=tok,
+        json_body={"seq": 1, "lines": lines("two", "three")},
+    )
+    assert ack == {"next_seq": 3}
+    status, art = await gl_api(
+        "tasks", tid, "artifacts", "out/result.txt", method="PUT", body=b"42\n", token=tok
+    )
+    assert status == 201 and art["size"] == 3
+    waiter = asyncio.ensure_future(gl_api("jobs", job["id"], "wait", params={"timeout": "5"}))
+    status, task = await gl_api(
+        "tasks",
+        tid,
+        "complete",
+        method="POST",
+        token=tok,
+        json_body={"state": "succeeded", "exit_code": 0},
+    )
+    assert status == 200 and task["state"] == "succeeded"
+    status, ended = await waiter
+    assert status == 200 and ended["state"] == "succeeded" and ended["exit_code"] == 0
+    assert ended["worker_name"] == "box1"
+
+    _, page = await gl_api("jobs", job["id"], "logs")
+    assert [(ln["offset"], ln["text"]) for ln in page["lines"]] == [
+        (0, "one"),
+        (1, "two"),
+        (2, "three"),
+    ]
+    assert page["complete"] is True and page["next_offset"] == 3
+    _, arts = await gl_api("jobs", job["id"], "artifacts")
+    assert [a["name"] for a in arts["artifacts"]] == ["out/result.txt"]
+    status, data = await gl_api("jobs", job["id"], "artifacts", "out/result.txt")
+    assert status == 200 and data == b"42\n"
+    # Completion is idempotent; late logs are refused.
+    status, again = await gl_api(
+        "tasks",
+        tid,
+        "complete",
+        method="POST",
+        token=tok,
+        json_body={"state": "failed", "exit_code": 1},
+    )
+    assert status == 200 and again["state"] == "succeeded"
+    status, err = await gl_api(
+        "tasks", tid, "logs", method="POST", token=tok, json_body={"seq": 3, "lines": lines("late")}
+    )
+    assert status == 409 and "logs are closed" in err["message"]
+    _, events = await gl_api("jobs", job["id"], "events")
+    assert [e["state"] for e in events["events"]] == [
+        "queued",
+        "scheduled",
+        "running",
+        "running",
+        "succeeded",
+        "succeeded",
+    ]
+
+
+async def test_cancel_of_a_running_job_reaches_the_worker_through_acquire(gl_api):
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    _, job = await gl_api("jobs", method="POST", json_body=JOB)
+    _, got = await gl_api("workers", wid, "acquire", method="POST", token=tok)
+    tid = got["assignments"][0]["task_id"]
+    acquire = asyncio.ensure_future(
+        gl_api("workers", wid, "acquire", method="POST", params={"wait": "5"}, token=tok)
+    )
+    await asyncio.sleep(0.05)
+    status, j = await gl_api("jobs", job["id"], "cancel", method="POST")
+    assert status == 200 and j["state"] == "running"
+    status, got = await acquire
+    assert status == 200 and got["cancel"] == [tid] and got["assignments"] == []
+    await gl_api(
+        "tasks",
+        tid,
+        "complete",
+        method="POST",
+        token=tok,
+        json_body={"state": "cancelled", "reason": "cancelled by user"},
+    )
+    _, j = await gl_api("jobs", job["id"])
+    assert j["state"] == "cancelled"
+    status, _ = await gl_api(
+        "workers", wid, "acquire", method="POST", params={"wait": "0.1"}, token=tok
+    )
+    assert status == 204
+
+
+async def test_failed_task_is_retried_while_retries_remain(gl_api):
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    _, job = await gl_api("jobs", method="POST", json_body={**JOB, "retries": 1})
+    for attempt, final in ((1, "queued"), (2, "failed")):
+        _, got = await gl_api("workers", wid, "acquire", method="POST", token=tok)
+        [a] = got["assignments"]
+        assert a["attempt"] == attempt
+        await gl_api(
+            "tasks",
+            a["task_id"],
+            "complete",
+            method="POST",
+            token=tok,
+            json_body={"state": "failed", "exit_code": 3, "reason": "exit code 3"},
+        )
+        _, j = await gl_api("jobs", job["id"])
+        assert j["state"] in (final, "scheduled")
+    assert j["state"] == "failed" and j["exit_code"] == 3 and j["attempts"] == 2
+    assert (
+        "retrying"
+        in [
+            e["reason"]
+            for e in (await gl_api("jobs", job["id"], "events"))[1]["events"]
+            if e["state"] == "queued"
+        ][1]
+    )
+
+
+async def test_heartbeat_names_tasks_to_kill_and_unknown_workers_are_404(gl_api):
+    reg = await join(gl_api)
+    status, reply = await gl_api(
+        "workers",
+        reg["worker_id"],
+        "heartbeat",
+        method="POST",
+        token=reg["token"],
+        json_body={"running_tasks": ["deadbeef0000"]},
+    )
+    assert status == 200 and reply == {"kill_tasks": ["deadbeef0000"]}
+    status, err = await gl_api("workers", "nope", "acquire", method="POST", token="admin")
+    assert status == 404 and "register again" in err["message"]
+
+
+async def test_artifact_names_cannot_escape(gl_api):
+    reg = await join(gl_api)
+    await gl_api("jobs", method="POST", json_body=JOB)
+    _, got = await gl_api("workers", reg["worker_id"], "acquire", method="POST", token=reg["token"])
+    tid = got["assignments"][0]["task_id"]
+    for bad in ("../x", "a/../../x", "a//b", "./x"):
+        status, err = await gl_api(
+            "tasks", tid, "artifacts", bad, method="PUT", body=b"x", token=reg["token"]
+        )
+        assert status in (400, 404), bad
+        assert err["code"] in ("invalid", "not_found")
+    job_id = got["assignments"][0]["job_id"]
+    assert (await gl_api("jobs", job_id, "artifacts"))[1]["artifacts"] == []
+    status, _ = await gl_api("blobs", "..%2F..%2Fgpulayer.db", token=reg["token"])
+    assert status == 404
+
+
+async def test_gpu_job_waits_with_a_reason_until_a_worker_has_gpus(gl_api):
+    await join(gl_api)
+    _, job = await gl_api("jobs", method="POST", json_body={**JOB, "resources": {"gpus": 1}})
+    assert job["state"] == "queued"
+    assert job["pending_reasons"] == ["box1: needs 1 GPU, has 0"]
+    gpu = {
+        "index": 0,
+        "kind": "cuda",
+        "name": "A100 (simulated)",
+        "memory_bytes": 80 << 30,
+        "simulated": True,
+    }
+    reg = await join(gl_api, "gpubox", devices=[gpu])
+    _, got = await gl_api("workers", reg["worker_id"], "acquire", method="POST", token=reg["token"])
+    assert got["assignments"][0]["gpu_indices"] == [0]

@@ -1,0 +1,341 @@
+"""The worker's process runner and log shipper, with real child processes.
+
+Each test is a sync function that drives its coroutine with ``asyncio.run``, so it
+does not depend on which async plugin the suite loads.
+"""
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer import bundle
+from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
+from gpulayer.worker.agent import LogShipper
+from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
+
+GRACE_SECONDS = 0.5
+
+
+class Lines:
+    """An ``on_line`` callback that records what it is given."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[LogStream, str]] = []
+
+    def __call__(self, stream: LogStream, text: str, ts: datetime) -> None:
+        assert ts.tzinfo is not None
+        self.got.append((stream, text))
+
+    def of(self, stream: LogStream) -> list[str]:
+        return [text for s, text in self.got if s == stream]
+
+
+def command_run(tmp_path: Path, lines: Lines, **spec: object) -> CommandRun:
+    return CommandRun(
+        JobSpec(**spec),  # type: ignore[arg-type]
+        cwd=tmp_path,
+        env=os.environ,
+        on_line=lines,
+        kill_grace_seconds=GRACE_SECONDS,
+    )
+
+
+def run(tmp_path: Path, **spec: object) -> tuple[Outcome, Lines]:
+    lines = Lines()
+    outcome = asyncio.run(command_run(tmp_path, lines, **spec).run())
+    return outcome, lines
+
+
+async def until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Poll ``predicate`` until it holds, failing the test at the deadline."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def sleeps_in_tree(pid: int) -> list[psutil.Process]:
+    try:
+        leader = psutil.Process(pid)
+        tree = [leader, *leader.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in tree if p.name() == "sleep"]
+
+
+def gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def run_and_collect_sleeps(
+    cr: CommandRun, action: Callable[[], None] | None = None
+) -> tuple[Outcome, list[psutil.Process]]:
+    """Run ``cr``, wait until its two ``sleep`` processes exist, then ``action``."""
+    task = asyncio.create_task(cr.run())
+    await until(lambda: cr.pid is not None and len(sleeps_in_tree(cr.pid)) == 2)
+    assert cr.pid is not None
+    sleeps = sleeps_in_tree(cr.pid)
+    if action is not None:
+        action()
+    return await task, sleeps
+
+
+# ------------------------------------------------------------------ output
+
+
+def test_stdout_and_stderr_lines_arrive_in_order_on_their_stream(tmp_path: Path) -> None:
+    outcome, lines = run(
+        tmp_path,
+        shell="for i in 1 2 3; do echo out$i; echo err$i >&2; done; echo; printf 'tail'",
+    )
+    assert outcome == Outcome("succeeded", 0, None)
+    assert lines.of(LogStream.stdout) == ["out1", "out2", "out3", "", "tail"]
+    assert lines.of(LogStream.stderr) == ["err1", "err2", "err3"]
+
+
+def test_a_200kb_line_without_newline_arrives_intact(tmp_path: Path) -> None:
+    code = "import sys; sys.stdout.write('x' * 200_000 + 'END')"
+    outcome, lines = run(tmp_path, command=[sys.executable, "-c", code])
+    assert outcome.state == "succeeded"
+    assert lines.of(LogStream.stdout) == ["x" * 200_000 + "END"]
+
+
+def test_an_overlong_line_is_split_without_breaking_characters(tmp_path: Path) -> None:
+    lines = Lines()
+    cr = CommandRun(
+        JobSpec(command=["printf", "%s", "é" * 50]),
+        cwd=tmp_path,
+        env=os.environ,
+        on_line=lines,
+        max_line_bytes=7,
+    )
+    assert asyncio.run(cr.run()).state == "succeeded"
+    pieces = lines.of(LogStream.stdout)
+    assert len(pieces) > 1
+    assert "".join(pieces) == "é" * 50
+    assert all(len(p.encode()) <= 7 for p in pieces)
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
+    outcome, lines = run(tmp_path, shell=r"printf 'a\377b\n'")
+    assert outcome.state == "succeeded"
+    assert lines.of(LogStream.stdout) == ["a\ufffdb"]
+
+
+# --------------------------------------------------------------- outcomes
+
+
+@pytest.mark.parametrize(
+    ("shell", "expected"),
+    [
+        ("exit 0", Outcome("succeeded", 0, None)),
+        ("exit 3", Outcome("failed", 3, "exit code 3")),
+        ("kill -9 $$", Outcome("failed", -9, "killed by signal SIGKILL")),
+    ],
+)
+def test_exit_status_maps_to_state(tmp_path: Path, shell: str, expected: Outcome) -> None:
+    outcome, _ = run(tmp_path, shell=shell)
+    assert outcome == expected
+
+
+def test_missing_executable_fails_with_a_clear_reason(tmp_path: Path) -> None:
+    outcome, lines = run(tmp_path, command=["nosuchcmd-gpulayer-test", "--flag"])
+    reason = "cannot start 'nosuchcmd-gpulayer-test': No such file or directory"
+    assert outcome == Outcome("failed", None, reason)
+    assert lines.of(LogStream.system) == [reason]
+
+
+def test_outcome_becomes_a_task_completion() -> None:
+    completion = Outcome("failed", 3, "exit code 3").completion()
+    assert (completion.state, completion.exit_code, completion.reason) == (
+        "failed",
+        3,
+        "exit code 3",
+    )
+
+
+# ------------------------------------------------------- the process tree
+
+
+def test_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
+    cr = command_run(tmp_path, Lines(), shell="sleep 100 & sleep 100", timeout=1.0)
+    outcome, sleeps = asyncio.run(run_and_collect_sleeps(cr))
+    assert outcome.state == "timed_out"
+    assert outcome.reason == "timed out after 1.0s"
+    assert all(gone(p) for p in sleeps)
+
+
+def test_cancel_kills_the_whole_tree(tmp_path: Path) -> None:
+    cr = command_run(tmp_path, Lines(), shell="sleep 100 & sleep 100")
+    outcome, sleeps = asyncio.run(run_and_collect_sleeps(cr, cr.cancel))
+    assert outcome.state == "cancelled"
+    assert outcome.reason == "cancelled by user"
+    assert all(gone(p) for p in sleeps)
+
+
+def test_a_tree_that_ignores_sigterm_gets_sigkill(tmp_path: Path) -> None:
+    # `trap '' TERM` makes the shell and both sleeps (which inherit it) ignore SIGTERM.
+    cr = command_run(tmp_path, Lines(), shell="trap '' TERM; sleep 100 & sleep 100")
+    outcome, sleeps = asyncio.run(
+        run_and_collect_sleeps(cr, lambda: cr.cancel("worker shutting down"))
+    )
+    assert outcome.state == "cancelled"
+    assert outcome.reason == "worker shutting down"
+    assert all(gone(p) for p in sleeps)
+
+
+def test_a_descendant_that_left_the_process_group_is_stopped_too(tmp_path: Path) -> None:
+    cr = command_run(tmp_path, Lines(), shell="setsid sleep 100 & sleep 100")
+    sessions: set[int] = set()
+
+    def cancel() -> None:
+        assert cr.pid is not None
+        sessions.update(os.getsid(p.pid) for p in sleeps_in_tree(cr.pid))
+        cr.cancel()
+
+    outcome, sleeps = asyncio.run(run_and_collect_sleeps(cr, cancel))
+    assert outcome.state == "cancelled"
+    assert len(sessions) == 2  # one of the sleeps really left the task's session
+    assert all(gone(p) for p in sleeps)
+
+
+def test_children_lingering_after_a_normal_exit_are_stopped(tmp_path: Path) -> None:
+    # The shell exits at once; its background child keeps the output pipe open.
+    outcome, lines = run(tmp_path, shell="sleep 100 & echo $!")
+    assert outcome == Outcome("succeeded", 0, None)
+    (pid,) = lines.of(LogStream.stdout)
+    assert not psutil.pid_exists(int(pid)) or gone(psutil.Process(int(pid)))
+
+
+def test_cancel_before_start_never_starts_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    cr = command_run(tmp_path, Lines(), command=["touch", str(marker)])
+    cr.cancel()
+    assert asyncio.run(cr.run()) == Outcome("cancelled", None, "cancelled by user")
+    assert not marker.exists()
+
+
+# -------------------------------------------------- task dir, env, bundles
+
+
+def assignment(**spec: object) -> Assignment:
+    return Assignment(
+        task_id="t-1", job_id="j-1", attempt=2, spec=JobSpec(**spec), gpu_indices=[1, 3]
+    )
+
+
+def test_task_env_and_artifacts_are_visible_to_the_process(tmp_path: Path) -> None:
+    script = (
+        "import os, pathlib\n"
+        "for k in ('GPULAYER_JOB_ID', 'GPULAYER_TASK_ID', 'GPULAYER_ATTEMPT',"
+        " 'GPULAYER_ARTIFACTS', 'CUDA_VISIBLE_DEVICES', 'FOO', 'PYTHONUNBUFFERED'):\n"
+        "    print(k, os.environ[k])\n"
+        "print('TOKEN', os.environ.get('GPULAYER_TOKEN'))\n"
+        "out = pathlib.Path(os.environ['GPULAYER_ARTIFACTS'], 'sub')\n"
+        "out.mkdir()\n"
+        "(out / 'result.txt').write_text('42')\n"
+        "(out / 'link.txt').symlink_to(out / 'result.txt')\n"
+    )
+    a = assignment(
+        command=[sys.executable, "-c", script], env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "7"}
+    )
+    task_dir = TaskDir.create(tmp_path / "tasks", a.task_id)
+    env = task_env(a, task_dir.artifacts, base={**os.environ, "GPULAYER_TOKEN": "gl_secret"})
+    lines = Lines()
+    cr = CommandRun(a.spec, cwd=task_dir.work, env=env, on_line=lines)
+    assert asyncio.run(cr.run()).state == "succeeded"
+    seen = dict(line.split(" ", 1) for line in lines.of(LogStream.stdout))
+    assert seen == {
+        "GPULAYER_JOB_ID": "j-1",
+        "GPULAYER_TASK_ID": "t-1",
+        "GPULAYER_ATTEMPT": "2",
+        "GPULAYER_ARTIFACTS": str(tmp_path / "tasks" / "t-1" / "artifacts"),
+        "CUDA_VISIBLE_DEVICES": "1,3",  # the reservation wins over the job's env
+        "FOO": "bar",
+        "PYTHONUNBUFFERED": "1",
+        "TOKEN": "None",  # the worker's credentials stay with the worker
+    }
+    assert task_dir.artifact_files() == [("sub/result.txt", task_dir.artifacts / "sub/result.txt")]
+    task_dir.remove()
+    assert not task_dir.root.exists()
+
+
+def test_no_gpus_means_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
+    a = Assignment(task_id="t", job_id="j", attempt=1, spec=JobSpec(shell="true"))
+    assert task_env(a, tmp_path, base={})["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_bundle_is_unpacked_as_the_cwd(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "hello.txt").write_text("hello from the bundle\n")
+    (src / "pkg" / "data.txt").write_text("nested\n")
+    task_dir = TaskDir.create(tmp_path / "tasks", "t-2")
+    task_dir.unpack(bundle.pack(src))
+    lines = Lines()
+    spec = JobSpec(shell="cat hello.txt pkg/data.txt; pwd")
+    cr = CommandRun(spec, cwd=task_dir.work, env=os.environ, on_line=lines)
+    assert asyncio.run(cr.run()).state == "succeeded"
+    assert lines.of(LogStream.stdout) == ["hello from the bundle", "nested", str(task_dir.work)]
+
+
+# ----------------------------------------------------------- log shipping
+
+
+class PartialServer:
+    """Stores lines by seq like the control plane, dropping lines it already has, but
+    takes only half of every other batch, so the shipper must resend the rest."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.calls = 0
+        self.in_flight = 0
+        self.largest_batch = 0
+
+    async def send(self, batch: LogBatch) -> LogAck:
+        self.calls += 1
+        self.in_flight += 1
+        assert self.in_flight == 1, "more than one request in flight"
+        try:
+            await asyncio.sleep(0)  # let the task add lines while a request is out
+            assert batch.seq <= len(self.lines), "a gap in seq"
+            self.largest_batch = max(self.largest_batch, len(batch.lines))
+            take = (
+                batch.lines if self.calls % 2 == 0 else batch.lines[: max(1, len(batch.lines) // 2)]
+            )
+            new = take[len(self.lines) - batch.seq :]
+            self.lines.extend(line.text for line in new)
+            return LogAck(next_seq=len(self.lines))
+        finally:
+            self.in_flight -= 1
+
+
+def test_log_shipper_delivers_in_order_without_gaps_or_duplicates() -> None:
+    async def scenario() -> PartialServer:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=0.001)
+        runner = asyncio.create_task(shipper.run())
+        now = datetime.now().astimezone()
+        for i in range(2500):
+            shipper.add(LogStream.stdout, f"line {i}", now)
+            if i % 700 == 0:
+                await asyncio.sleep(0.002)
+        shipper.add(LogStream.stderr, "y" * 70_000, now)  # over LogEntry's limit: two entries
+        await shipper.flush()
+        shipper.stop()
+        await runner
+        return server
+
+    server = asyncio.run(scenario())
+    assert server.lines[:2500] == [f"line {i}" for i in range(2500)]
+    assert server.lines[2500:] == ["y" * 65536, "y" * (70_000 - 65536)]
+    assert server.largest_batch <= 1000
