@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start a control plane and local workers here")
-    up.add_argument("--port", type=int, help="port (default: a free one)")
+    up.add_argument("--port", type=int, help="port (default: 8765, or a free one if taken)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--data-dir", type=Path, default=None,
                     help="default: $GPULAYER_DATA_DIR or ~/.local/share/gpulayer")  # fmt: skip
@@ -196,10 +196,12 @@ def _note(text: str) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from gpulayer.cluster import LocalCluster  # only `up` and `demo` need subprocesses
+    # only `up` and `demo` need subprocesses
+    from gpulayer.cluster import LocalCluster, preferred_port
 
     data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
-    cluster = LocalCluster(data_dir, port=args.port, host=args.host, workers=args.local_workers,
+    port = args.port if args.port is not None else preferred_port(args.host)
+    cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -245,6 +247,11 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
     print(f"connection:      {'saved to ' + str(saved) if saved else 'not saved'}")
     print("join from another machine:")
     print(f"  gpulayer join {remote_url} --token {cluster.join_token}")
+    if args.host.startswith("127.") or args.host in ("localhost", "::1"):
+        print(
+            f"  (listening on {args.host} only: use `gpulayer up --host 0.0.0.0` so other"
+            " machines can reach it)"
+        )
     print("use it from a notebook:")
     if saved:
         print("  import gpulayer as gl; gl.connect()")

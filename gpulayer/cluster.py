@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 START_DEADLINE_SECONDS = 60.0
 STOP_GRACE_SECONDS = 10.0
+DEFAULT_PORT = 8765
 _POLL_SECONDS = 0.05
 
 
@@ -42,6 +43,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def preferred_port(host: str = "127.0.0.1", preferred: int = DEFAULT_PORT) -> int:
+    """``preferred`` when it is free on ``host`` (so URLs stay the same across
+    restarts), else any free port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, preferred))
+        except OSError:
+            return free_port(host)
+    return preferred
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

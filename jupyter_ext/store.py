@@ -9,6 +9,7 @@ Rows keep times as UNIX seconds (REAL); the scheduler turns them into contract
 models. All SQL is parameterized.
 """
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
@@ -121,6 +122,8 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._db: aiosqlite.Connection | None = None
+        # One connection means one transaction at a time: coroutines take turns.
+        self._tx = asyncio.Lock()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -184,17 +187,18 @@ class Store:
     async def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
         """Run several statements in one transaction."""
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, params in statements:
-                await db.execute(sql, params)
-        except sqlite3.IntegrityError as e:
-            await db.execute("ROLLBACK")
-            raise Conflict(f"conflicts with stored data: {e}") from e
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
-        await db.execute("COMMIT")
+        async with self._tx:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    await db.execute(sql, params)
+            except sqlite3.IntegrityError as e:
+                await db.execute("ROLLBACK")
+                raise Conflict(f"conflicts with stored data: {e}") from e
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            await db.execute("COMMIT")
 
     # ----------------------------------------------------------------- jobs
 
@@ -287,33 +291,35 @@ class Store:
         task. Returns the task's new line count. One transaction per batch.
         """
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            trow = await self._one("SELECT log_seq FROM tasks WHERE id = ?", (task_id,))
-            jrow = await self._one("SELECT log_count FROM jobs WHERE id = ?", (job_id,))
-            assert trow is not None and jrow is not None
-            have, offset = int(trow[0]), int(jrow[0])
-            skip = max(0, have - first_seq)
-            fresh = lines[skip:] if first_seq <= have else []
-            if fresh:
-                await db.executemany(
-                    "INSERT INTO logs (job_id, offset, task_id, stream, ts, text)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (job_id, offset + i, task_id, stream, ts, text)
-                        for i, (stream, ts, text) in enumerate(fresh)
-                    ],
-                )
-                await db.execute(
-                    "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
-                )
-                await db.execute(
-                    "UPDATE jobs SET log_count = ? WHERE id = ?", (offset + len(fresh), job_id)
-                )
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
-        await db.execute("COMMIT")
+        async with self._tx:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                trow = await self._one("SELECT log_seq FROM tasks WHERE id = ?", (task_id,))
+                jrow = await self._one("SELECT log_count FROM jobs WHERE id = ?", (job_id,))
+                assert trow is not None and jrow is not None
+                have, offset = int(trow[0]), int(jrow[0])
+                skip = max(0, have - first_seq)
+                fresh = lines[skip:] if first_seq <= have else []
+                if fresh:
+                    await db.executemany(
+                        "INSERT INTO logs (job_id, offset, task_id, stream, ts, text)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        [
+                            (job_id, offset + i, task_id, stream, ts, text)
+                            for i, (stream, ts, text) in enumerate(fresh)
+                        ],
+                    )
+                    await db.execute(
+                        "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                    )
+                    await db.execute(
+                        "UPDATE jobs SET log_count = ? WHERE id = ?",
+                        (offset + len(fresh), job_id),
+                    )
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            await db.execute("COMMIT")
         return have + len(fresh)
 
     async def read_logs(self, job_id: str, offset: int, limit: int) -> list[sqlite3.Row]:

@@ -2,10 +2,18 @@
 
 import asyncio
 import contextlib
+from datetime import UTC, datetime
 
 import pytest
 
-from gpulayer.contracts import Heartbeat, JobSpec, TaskCompletion, WorkerRegistration
+from gpulayer.contracts import (
+    Heartbeat,
+    JobSpec,
+    LogBatch,
+    LogEntry,
+    TaskCompletion,
+    WorkerRegistration,
+)
 from gpulayer.errors import InvalidTransition, NotFound
 from jupyter_ext.artifacts import BlobStore
 from jupyter_ext.auth import Principal, TokenService
@@ -65,6 +73,10 @@ def reg(name, gpus=0, slots=2):
 
 def spec(**kw):
     return JobSpec(command=["true"], **kw)
+
+
+def entry(text):
+    return LogEntry(stream="stdout", ts=datetime.now(UTC), text=text)
 
 
 def as_worker(r):
@@ -242,5 +254,30 @@ def test_reopening_keeps_jobs(tmp_path):
         sched = Scheduler(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
         assert (await sched.get_job(job.id)).spec.name == "keep"
         await store.close()
+
+    run(body())
+
+
+def test_concurrent_writers_share_the_one_connection_safely(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.register(reg("box", slots=50))
+            jobs = await asyncio.gather(*(sched.submit(spec(), "u") for _ in range(30)))
+            got = await sched.acquire(r.worker_id, 0)
+            tasks = [a.task_id for a in got.assignments]
+            batches = [
+                sched.append_logs(
+                    as_worker(r), t, LogBatch(seq=0, lines=[entry(f"{t} {i}") for i in range(5)])
+                )
+                for t in tasks
+            ]
+            beats = [
+                sched.heartbeat(r.worker_id, Heartbeat(running_tasks=tasks)) for _ in range(10)
+            ]
+            await asyncio.gather(*batches, *beats)
+            for job in jobs:
+                page = await sched.logs(job.id, 0, 100, 0)
+                assert len(page.lines) == 5
+                assert [ln.offset for ln in page.lines] == list(range(5))
 
     run(body())
