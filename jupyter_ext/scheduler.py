@@ -31,8 +31,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gpulayer.contracts import (
@@ -40,7 +38,6 @@ from gpulayer.contracts import (
     Acquired,
     Artifact,
     Assignment,
-    Device,
     Event,
     Heartbeat,
     HeartbeatReply,
@@ -56,13 +53,13 @@ from gpulayer.contracts import (
     TaskCompletion,
     Worker,
     WorkerRegistration,
-    WorkerState,
 )
 from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, ValidationError
 
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
-from .store import Store
+from .placement import Usage, fit, usage_by_worker
+from .store import Store, as_datetime, job_model, task_model, worker_model
 from .streams import Notifier, job_key, logs_key, worker_key
 
 log = logging.getLogger("gpulayer.scheduler")
@@ -76,20 +73,8 @@ _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 _GIB = 1024**3
 
 
-def _dt(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
-
-
 def _new_id() -> str:
     return uuid.uuid4().hex[:12]
-
-
-@dataclass
-class _Usage:
-    """What one worker has committed to active tasks."""
-
-    tasks: int = 0
-    gpus: set[int] = field(default_factory=set)
 
 
 class Scheduler:
@@ -168,7 +153,7 @@ class Scheduler:
     async def get_job(self, job_id: str) -> Job:
         """A job with its tasks (and, while queued, why it waits)."""
         row = await self._job_row(job_id)
-        job = self._job(row, await self.store.tasks_of_job(job_id), await self._worker_names())
+        job = job_model(row, await self.store.tasks_of_job(job_id), await self._worker_names())
         if job.state == JobState.queued:
             job.pending_reasons = await self.explain(job.spec)
         return job
@@ -177,7 +162,7 @@ class Scheduler:
         """Jobs newest first."""
         rows = await self.store.list_jobs(state.value if state else None, limit)
         names = await self._worker_names()
-        return [self._job(r, [], names) for r in rows]
+        return [job_model(r, [], names) for r in rows]
 
     async def events(self, job_id: str) -> list[Event]:
         """Every state change of a job, oldest first."""
@@ -187,7 +172,7 @@ class Scheduler:
                 seq=r["seq"],
                 job_id=r["job_id"],
                 task_id=r["task_id"],
-                ts=_dt(r["ts"]),
+                ts=as_datetime(r["ts"]),
                 state=r["state"],
                 reason=r["reason"],
             )
@@ -258,7 +243,7 @@ class Scheduler:
                 LogLine(
                     offset=r["offset"],
                     stream=r["stream"],
-                    ts=_dt(r["ts"]),
+                    ts=as_datetime(r["ts"]),
                     text=r["text"],
                     task_id=r["task_id"],
                 )
@@ -279,7 +264,10 @@ class Scheduler:
         await self._job_row(job_id)
         return [
             Artifact(
-                name=r["name"], sha256=r["sha256"], size=r["size"], created_at=_dt(r["created_at"])
+                name=r["name"],
+                sha256=r["sha256"],
+                size=r["size"],
+                created_at=as_datetime(r["created_at"]),
             )
             for r in await self.store.artifacts_of_job(job_id)
         ]
@@ -291,7 +279,10 @@ class Scheduler:
         if r is None:
             raise NotFound(f"job {job_id} has no artifact {name!r}")
         return Artifact(
-            name=r["name"], sha256=r["sha256"], size=r["size"], created_at=_dt(r["created_at"])
+            name=r["name"],
+            sha256=r["sha256"],
+            size=r["size"],
+            created_at=as_datetime(r["created_at"]),
         )
 
     # ------------------------------------------------------------- workers
@@ -301,7 +292,7 @@ class Scheduler:
         running: dict[str, list[str]] = defaultdict(list)
         for t in await self.store.active_tasks():
             running[t["worker_id"]].append(t["id"])
-        return [self._worker(r, running[r["id"]]) for r in await self.store.list_workers()]
+        return [worker_model(r, running[r["id"]]) for r in await self.store.list_workers()]
 
     async def register(self, reg: WorkerRegistration) -> Registered:
         """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
@@ -436,7 +427,7 @@ class Scheduler:
         await self.store.put_artifact(
             {"job_id": task["job_id"], "name": name, "sha256": sha, "size": size, "created_at": now}
         )
-        return Artifact(name=name, sha256=sha, size=size, created_at=_dt(now))
+        return Artifact(name=name, sha256=sha, size=size, created_at=as_datetime(now))
 
     async def complete(self, principal: Principal, task_id: str, done: TaskCompletion) -> Task:
         """A worker reports a task's end; decides the job's end or its retry.
@@ -454,7 +445,7 @@ class Scheduler:
             log.info("task %s %s", task_id, done.state)
             self._notify_job(task["job_id"])
             await self.schedule()
-        return self._task(await self._task_row(task_id))
+        return task_model(await self._task_row(task_id))
 
     # ----------------------------------------------------------- placement
 
@@ -472,7 +463,7 @@ class Scheduler:
                 spec = JobSpec.model_validate_json(job["spec"])
                 choice = None
                 for w in sorted(workers, key=lambda w: (usage[w["id"]].tasks, w["name"])):
-                    gpus = self._fit(spec, w, usage[w["id"]])
+                    gpus = fit(spec, w, usage[w["id"]])
                     if isinstance(gpus, list):
                         choice = (w, gpus)
                         break
@@ -518,7 +509,7 @@ class Scheduler:
             if w["state"] != "ready":
                 reasons.append(f"{w['name']}: {w['state']}")
                 continue
-            why = self._fit(spec, w, usage[w["id"]])
+            why = fit(spec, w, usage[w["id"]])
             reasons.append(
                 f"{w['name']}: fits, waiting for the next placement pass"
                 if isinstance(why, list)
@@ -526,35 +517,8 @@ class Scheduler:
             )
         return reasons
 
-    def _fit(self, spec: JobSpec, worker: sqlite3.Row, usage: _Usage) -> list[int] | str:
-        """The GPU indices ``spec`` would get on ``worker``, or why it does not fit."""
-        info = json.loads(worker["info"])
-        res = spec.resources
-        if res.cpus > info["cpus"]:
-            return f"needs {res.cpus:g} CPUs, has {info['cpus']}"
-        if res.memory is not None and res.memory > info["memory_bytes"]:
-            return (
-                f"needs {res.memory / _GIB:.1f} GiB memory,"
-                f" has {info['memory_bytes'] / _GIB:.1f} GiB"
-            )
-        devices = [Device.model_validate(d) for d in info["devices"]]
-        gpus = [d.index for d in devices if d.kind != "cpu"]
-        if res.gpus > len(gpus):
-            return f"needs {res.gpus} GPU{'s' if res.gpus != 1 else ''}, has {len(gpus)}"
-        if usage.tasks >= info["slots"]:
-            return f"all {info['slots']} task slots busy"
-        free = [i for i in gpus if i not in usage.gpus]
-        if res.gpus > len(free):
-            return f"needs {res.gpus} GPU{'s' if res.gpus != 1 else ''}, has {len(free)} free"
-        return free[: res.gpus]
-
-    async def _usage(self) -> dict[str, _Usage]:
-        usage: dict[str, _Usage] = defaultdict(_Usage)
-        for t in await self.store.active_tasks():
-            u = usage[t["worker_id"]]
-            u.tasks += 1
-            u.gpus.update(json.loads(t["gpu_indices"]))
-        return usage
+    async def _usage(self) -> dict[str, Usage]:
+        return usage_by_worker(await self.store.active_tasks())
 
     # -------------------------------------------------------------- leases
 
@@ -723,54 +687,5 @@ class Scheduler:
         tasks = await self.store.tasks_of_job(job_id)
         return tasks[-1] if tasks else None
 
-    def _task(self, r: sqlite3.Row, names: dict[str, str] | None = None) -> Task:
-        return Task(
-            id=r["id"],
-            job_id=r["job_id"],
-            attempt=r["attempt"],
-            state=r["state"],
-            worker_id=r["worker_id"],
-            worker_name=(names or {}).get(r["worker_id"]),
-            gpu_indices=json.loads(r["gpu_indices"]),
-            exit_code=r["exit_code"],
-            reason=r["reason"],
-            created_at=_dt(r["created_at"]),
-            started_at=_dt(r["started_at"]),
-            ended_at=_dt(r["ended_at"]),
-        )
-
     async def _worker_names(self) -> dict[str, str]:
         return {w["id"]: w["name"] for w in await self.store.list_workers()}
-
-    def _job(self, r: sqlite3.Row, tasks: list[sqlite3.Row], names: dict[str, str]) -> Job:
-        return Job(
-            id=r["id"],
-            spec=JobSpec.model_validate_json(r["spec"]),
-            state=r["state"],
-            reason=r["reason"],
-            owner=r["owner"],
-            exit_code=r["exit_code"],
-            attempts=r["attempts"],
-            worker_id=r["worker_id"],
-            worker_name=names.get(r["worker_id"]),
-            created_at=_dt(r["created_at"]),
-            updated_at=_dt(r["updated_at"]),
-            started_at=_dt(r["started_at"]),
-            ended_at=_dt(r["ended_at"]),
-            tasks=[self._task(t, names) for t in tasks],
-        )
-
-    def _worker(self, r: sqlite3.Row, running: list[str]) -> Worker:
-        info = json.loads(r["info"])
-        return Worker(
-            id=r["id"],
-            name=r["name"],
-            hostname=r["hostname"],
-            state=WorkerState(r["state"]),
-            registered_at=_dt(r["registered_at"]),
-            last_heartbeat=_dt(r["last_heartbeat"]),
-            running_tasks=running,
-            cpu_percent=r["cpu_percent"],
-            memory_used_bytes=r["memory_used"],
-            **info,
-        )

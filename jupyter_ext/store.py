@@ -13,11 +13,13 @@ import asyncio
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
+from gpulayer.contracts import Job, JobSpec, Task, Worker, WorkerState
 from gpulayer.errors import Conflict
 
 _SCHEMA_V1 = """
@@ -417,3 +419,66 @@ def _insert(table: str, row: dict[str, Any], *, replace: bool = False) -> tuple[
     sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
     values = [json.dumps(v) if isinstance(v, dict | list) else v for v in row.values()]
     return sql, values
+
+
+# ------------------------------------------------------ rows -> contract models
+
+
+def as_datetime(ts: float | None) -> datetime | None:
+    """A stored UNIX time as an aware UTC datetime."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def task_model(r: sqlite3.Row, names: dict[str, str] | None = None) -> Task:
+    """A ``tasks`` row as a :class:`~gpulayer.contracts.Task`."""
+    return Task(
+        id=r["id"],
+        job_id=r["job_id"],
+        attempt=r["attempt"],
+        state=r["state"],
+        worker_id=r["worker_id"],
+        worker_name=(names or {}).get(r["worker_id"]),
+        gpu_indices=json.loads(r["gpu_indices"]),
+        exit_code=r["exit_code"],
+        reason=r["reason"],
+        created_at=as_datetime(r["created_at"]),
+        started_at=as_datetime(r["started_at"]),
+        ended_at=as_datetime(r["ended_at"]),
+    )
+
+
+def job_model(r: sqlite3.Row, tasks: list[sqlite3.Row], names: dict[str, str]) -> Job:
+    """A ``jobs`` row (and its task rows) as a :class:`~gpulayer.contracts.Job`."""
+    return Job(
+        id=r["id"],
+        spec=JobSpec.model_validate_json(r["spec"]),
+        state=r["state"],
+        reason=r["reason"],
+        owner=r["owner"],
+        exit_code=r["exit_code"],
+        attempts=r["attempts"],
+        worker_id=r["worker_id"],
+        worker_name=names.get(r["worker_id"]),
+        created_at=as_datetime(r["created_at"]),
+        updated_at=as_datetime(r["updated_at"]),
+        started_at=as_datetime(r["started_at"]),
+        ended_at=as_datetime(r["ended_at"]),
+        tasks=[task_model(t, names) for t in tasks],
+    )
+
+
+def worker_model(r: sqlite3.Row, running: list[str]) -> Worker:
+    """A ``workers`` row as a :class:`~gpulayer.contracts.Worker`."""
+    info = json.loads(r["info"])
+    return Worker(
+        id=r["id"],
+        name=r["name"],
+        hostname=r["hostname"],
+        state=WorkerState(r["state"]),
+        registered_at=as_datetime(r["registered_at"]),
+        last_heartbeat=as_datetime(r["last_heartbeat"]),
+        running_tasks=running,
+        cpu_percent=r["cpu_percent"],
+        memory_used_bytes=r["memory_used"],
+        **info,
+    )

@@ -26,7 +26,7 @@ import os
 import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +41,7 @@ import gpulayer
 from gpulayer import contracts as c
 from gpulayer.errors import ConfigError, GpulayerError, NotFound, ValidationError, error_for_code
 from gpulayer.worker import devices
+from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,6 @@ _BACKOFF_START_SECONDS = 0.2
 _BACKOFF_CAP_SECONDS = 2.0
 _ACQUIRE_WAIT_SECONDS = 30
 _SHUTDOWN_DELIVERY_SECONDS = 5.0
-_MAX_BATCH_LINES = 1000
-_MAX_LINE_CHARS = 65536  # LogEntry.text limit; longer lines travel in pieces
 _ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before giving up
 _CHUNK_BYTES = 1024 * 1024
 
@@ -79,94 +78,6 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     kill_grace_seconds: float = 5.0  # SIGTERM -> SIGKILL grace
     log_batch_seconds: float = 0.05  # how long to gather log lines into one batch
-
-
-class LogShipper:
-    """Numbers one task's lines from 0 and ships them in order, batched, one request
-    in flight, resending what the control plane has not acknowledged.
-
-    ``send`` posts one batch and answers the :class:`~gpulayer.contracts.LogAck`, or
-    ``None`` when the control plane will never take this task's lines.
-    """
-
-    def __init__(
-        self,
-        task_id: str,
-        send: Callable[[c.LogBatch], Awaitable[c.LogAck | None]],
-        *,
-        batch_seconds: float,
-    ) -> None:
-        self.task_id = task_id
-        self._send = send
-        self._batch_seconds = batch_seconds
-        self._unacked: list[c.LogEntry] = []
-        self._first_seq = 0  # seq of self._unacked[0]
-        self._arrived = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._urgent = False
-        self._stopped = False
-
-    def add(self, stream: c.LogStream, text: str, ts: datetime) -> None:
-        """Queue one line (the :data:`~gpulayer.worker.process.LineCallback`)."""
-        if self._stopped:
-            return
-        for i in range(0, max(len(text), 1), _MAX_LINE_CHARS):
-            self._unacked.append(
-                c.LogEntry(stream=stream, ts=ts, text=text[i : i + _MAX_LINE_CHARS])
-            )
-        self._drained.clear()
-        self._arrived.set()
-
-    async def flush(self) -> None:
-        """Wait until every line queued so far is acknowledged (or given up on)."""
-        self._urgent = True  # from now on nothing is worth waiting for
-        self._arrived.set()
-        await self._drained.wait()
-
-    def stop(self) -> None:
-        """Drop what is queued and ship nothing more."""
-        self._stopped = True
-        self._unacked.clear()
-        self._drained.set()
-        self._arrived.set()
-
-    async def run(self) -> None:
-        """The shipping loop; runs until :meth:`stop`."""
-        while not self._stopped:
-            await self._arrived.wait()
-            self._arrived.clear()
-            if self._unacked and not self._urgent and len(self._unacked) < _MAX_BATCH_LINES:
-                await asyncio.sleep(self._batch_seconds)  # gather the lines of a burst
-            while self._unacked and not self._stopped:
-                try:
-                    await self._ship_one()
-                except Exception:  # a background task boundary: never leave flush() hanging
-                    log.exception("task %s: log shipping failed; dropping its lines", self.task_id)
-                    self.stop()
-            if not self._unacked:
-                self._drained.set()
-
-    async def _ship_one(self) -> None:
-        batch = self._unacked[:_MAX_BATCH_LINES]
-        ack = await self._send(c.LogBatch(seq=self._first_seq, lines=batch))
-        if ack is None:
-            self.stop()
-            return
-        taken = ack.next_seq - self._first_seq
-        if taken <= 0:
-            # The server refuses lines from here on; resending would loop forever.
-            log.warning(
-                "task %s: control plane holds %d lines, not taking seq %d; dropping %d lines",
-                self.task_id,
-                ack.next_seq,
-                self._first_seq,
-                len(batch),
-            )
-            taken = len(batch)
-        taken = min(taken, len(self._unacked))
-        del self._unacked[:taken]
-        self._first_seq += taken
 
 
 @dataclass(eq=False)

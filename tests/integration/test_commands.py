@@ -122,7 +122,7 @@ def test_two_jobs_on_a_one_slot_worker_run_one_after_the_other(fresh_cluster):
         second = gl.submit([PY, "-c", "print('second')"], connection=conn)
         queued = conn.job(second.id)
         assert queued.state == "queued"
-        assert queued.pending_reasons == ["local-1: all 1 task slots busy"]
+        assert queued.pending_reasons == ["local-1: its only task slot is busy"]
         first.wait(timeout=30)
         second.wait(timeout=30)
         assert first.state == second.state == "succeeded"

@@ -16,7 +16,7 @@ import pytest
 
 from gpulayer import bundle
 from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
-from gpulayer.worker.agent import LogShipper
+from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
 
 GRACE_SECONDS = 0.5
