@@ -159,12 +159,91 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # --------------------------------------------------------------------- jobs
 
 
-class Resources(_Request):
-    """What one task needs from a worker."""
+#: Shorthands for common requirement sets (``profile="pytorch-cuda"``); explicit
+#: fields given next to a profile win over the profile's values.
+PROFILES: dict[str, dict[str, object]] = {
+    "cpu": {"accelerator": "cpu", "gpus": 0},
+    "pytorch-cpu": {"accelerator": "cpu", "gpus": 0},
+    "pytorch-cuda": {"accelerator": "cuda", "gpus": 1},
+    "pytorch-rocm": {"accelerator": "rocm", "gpus": 1},
+    "pytorch-mps": {"accelerator": "mps", "gpus": 1, "gpu_memory_kind": "unified"},
+}
 
+Accelerator = Literal["cuda", "rocm", "mps", "cpu"]
+_CC = re.compile(r"^\d+(\.\d+)?$")
+
+
+def compute_capability_tuple(value: str) -> tuple[int, int]:
+    """``"8.6"`` -> ``(8, 6)``, for comparisons."""
+    major, _, minor = value.partition(".")
+    return int(major), int(minor or 0)
+
+
+class Resources(_Request):
+    """What one task needs from a worker.
+
+    ``gpu_memory``, ``gpu_model``, ``min_compute_capability`` and
+    ``gpu_memory_kind`` apply to each of the ``gpus`` reserved GPUs.
+    ``selector`` lists worker labels that must match exactly.
+    """
+
+    profile: str | None = Field(None, description=f"one of {', '.join(PROFILES)}")
     gpus: int = Field(0, ge=0, le=64, description="number of whole GPUs")
+    gpu_memory: ByteSize | None = Field(None, description="memory of each GPU, e.g. '40GiB'")
+    gpu_model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        None, description="regular expression on the GPU name, e.g. 'A100|H100'"
+    )
+    accelerator: Accelerator | None = None
+    min_compute_capability: str | None = Field(None, description="CUDA compute capability, '8.0'")
+    gpu_memory_kind: Literal["dedicated", "unified"] | None = None
     cpus: float = Field(1.0, gt=0, le=1024, description="CPU cores (used for placement)")
     memory: ByteSize | None = Field(None, description="host memory, e.g. '8GiB'")
+    selector: dict[LabelKey, Annotated[str, StringConstraints(max_length=256)]] = {}
+    worker: Name | None = Field(None, description="run only on the worker with this name")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("profile") is not None:
+            profile = data["profile"]
+            if profile not in PROFILES:
+                raise ValueError(f"unknown profile {profile!r}; profiles are {', '.join(PROFILES)}")
+            return {**PROFILES[profile], **{k: v for k, v in data.items() if v is not None}}
+        return data
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"{v!r} is not a regular expression: {e}") from e
+        return v
+
+    @field_validator("min_compute_capability", mode="before")
+    @classmethod
+    def _cc(cls, v: object) -> object:
+        if v is not None and not _CC.match(str(v)):
+            raise ValueError(f"{v!r} is not a compute capability like '8.0'")
+        return None if v is None else str(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Resources":
+        per_gpu = [
+            name
+            for name in ("gpu_memory", "gpu_model", "min_compute_capability", "gpu_memory_kind")
+            if getattr(self, name) is not None
+        ]
+        if per_gpu and self.gpus == 0:
+            raise ValueError(f"{', '.join(per_gpu)} needs gpus >= 1")
+        if self.accelerator == "cpu" and self.gpus > 0:
+            raise ValueError("accelerator 'cpu' contradicts gpus > 0")
+        if self.min_compute_capability is not None and self.accelerator not in (None, "cuda"):
+            raise ValueError("min_compute_capability applies to cuda GPUs only")
+        if self.accelerator == "mps" and self.gpu_memory_kind == "dedicated":
+            raise ValueError("mps GPUs have unified memory, not dedicated")
+        return self
 
 
 class JobSpec(_Request):
@@ -368,14 +447,37 @@ class BlobRef(_Document):
 
 
 class Device(_Request):
-    """One accelerator (or the CPU) of a worker."""
+    """One accelerator of a worker."""
 
     index: int = Field(ge=0)
-    kind: Literal["cuda", "rocm", "mps", "cpu"]
+    kind: Accelerator
     name: str
     memory_bytes: int = Field(0, ge=0)
+    memory_kind: Literal["dedicated", "unified"] = "dedicated"
     uuid: str | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    runtime_version: str | None = Field(None, description="CUDA or ROCm version")
     simulated: bool = False
+
+
+class GpuSample(_Request):
+    """One GPU's readings at a heartbeat."""
+
+    index: int
+    utilization_percent: float | None = None
+    memory_used_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+
+class TaskSample(_Request):
+    """A running task's process tree at a heartbeat."""
+
+    task_id: str
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    processes: int = 0
 
 
 class WorkerRegistration(_Request):
@@ -412,12 +514,16 @@ class Heartbeat(_Request):
     running_tasks: list[str] = []
     cpu_percent: float | None = None
     memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = []
+    tasks: list[TaskSample] = []
 
 
 class HeartbeatReply(_Document):
-    """Tasks the worker should stop (cancelled, or given up on)."""
+    """``kill_tasks``: tasks the control plane gave up on (stop them, report nothing);
+    ``cancel``: tasks a user cancelled that still run (stop them, report ``cancelled``)."""
 
     kill_tasks: list[str] = []
+    cancel: list[str] = []
 
 
 class Assignment(_Document):
@@ -439,9 +545,10 @@ class Acquired(_Document):
 
 
 class TaskCompletion(_Request):
-    """How a task ended, as the worker saw it."""
+    """How a task ended, as the worker saw it (``lost``: the worker gave it up,
+    e.g. while shutting down; it is retried like a task of a vanished worker)."""
 
-    state: Literal["succeeded", "failed", "cancelled", "timed_out"]
+    state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     exit_code: int | None = None
     reason: Annotated[str, StringConstraints(max_length=4096)] | None = None
 
@@ -464,6 +571,8 @@ class Worker(_Document):
     running_tasks: list[str] = []
     cpu_percent: float | None = None
     memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = Field([], description="the latest GPU readings")
+    tasks: list[TaskSample] = Field([], description="the latest per-task readings")
 
 
 class WorkerList(_Document):
@@ -471,6 +580,45 @@ class WorkerList(_Document):
 
     api_version: str = API_VERSION
     workers: list[Worker]
+
+
+class TelemetrySample(_Document):
+    """One heartbeat's readings of a worker."""
+
+    ts: datetime
+    cpu_percent: float | None = None
+    memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = []
+    tasks: list[TaskSample] = []
+
+
+class Telemetry(_Document):
+    """A worker's recent readings, oldest first (a bounded window)."""
+
+    api_version: str = API_VERSION
+    worker_id: str
+    worker_name: str
+    samples: list[TelemetrySample]
+
+
+class WorkerFit(_Document):
+    """Whether a job fits one worker now, and if not, why."""
+
+    worker: str
+    fits: bool
+    could_ever_fit: bool
+    reason: str
+
+
+class Placement(_Document):
+    """Why a job runs where it does, or why it waits (``GET jobs/{id}/placement``)."""
+
+    api_version: str = API_VERSION
+    job_id: str
+    state: JobState
+    satisfiable: bool = Field(description="some registered worker could ever run it")
+    summary: str
+    workers: list[WorkerFit] = []
 
 
 # ------------------------------------------------------------------- misc
@@ -492,3 +640,58 @@ class ErrorBody(_Document):
     code: str
     message: str
     field: str | None = None
+
+
+# ------------------------------------------------- tokens (issue 7: security)
+
+#: ``admin`` everything; ``submitter`` its own jobs; ``viewer`` read-only;
+#: ``join`` registers workers; ``worker`` is issued at registration only.
+Role = Literal["admin", "submitter", "viewer", "join", "worker"]
+TokenState = Literal["active", "expired", "revoked", "used"]
+
+
+class CreateToken(_Request):
+    """``POST tokens``: mint a named token (admin only)."""
+
+    name: Name
+    role: Literal["admin", "submitter", "viewer", "join"]
+    expires: float | None = Field(None, description="lifetime: seconds or '30d', '12h'")
+    single_use: bool = Field(False, description="join tokens only: one registration")
+
+    @field_validator("expires", mode="before")
+    @classmethod
+    def _expires(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _single_use_join(self) -> "CreateToken":
+        if self.single_use and self.role != "join":
+            raise ValueError("only join tokens can be single-use")
+        return self
+
+
+class Token(_Document):
+    """A token's record; the secret itself is never stored or listed."""
+
+    id: str
+    name: str
+    role: Role
+    state: TokenState
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    single_use: bool = False
+    worker_id: str | None = None
+
+
+class CreatedToken(Token):
+    """The answer to ``POST tokens``: the record plus the secret, shown this once."""
+
+    token: str
+
+
+class TokenList(_Document):
+    """``GET tokens``."""
+
+    api_version: str = API_VERSION
+    tokens: list[Token]

@@ -1,19 +1,53 @@
-"""Placement: does a job fit on a worker now, and if not, why not.
+"""Placement: does a job fit on a worker now, could it ever, and if not, why not.
 
-Pure functions over store rows, so the scheduler's placement pass and
-:meth:`~jupyter_ext.scheduler.Scheduler.explain` give the same answer, and the
-reason strings are what users read in ``gpulayer job ID``.
+Pure functions over parsed worker views, so the scheduler's placement pass,
+``GET jobs/{id}/placement`` and ``gpulayer explain`` give the same answer; the
+reason strings are what users read.
+
+A requirement is either *static* (the worker's hardware, labels or name can never
+satisfy it: the job is flagged unsatisfiable there) or *dynamic* (slots or GPUs are
+busy now: the job waits).
 """
 
 import json
+import re
 import sqlite3
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from gpulayer.contracts import Device, JobSpec
+from gpulayer.contracts import Device, Resources, compute_capability_tuple
 
 _GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A worker's registration, parsed once, plus its current state."""
+
+    id: str
+    name: str
+    state: str
+    cpus: int
+    memory_bytes: int
+    slots: int
+    labels: dict[str, str]
+    devices: tuple[Device, ...]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "WorkerView":
+        """Parse a ``workers`` row."""
+        info = json.loads(row["info"])
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            state=row["state"],
+            cpus=info["cpus"],
+            memory_bytes=info["memory_bytes"],
+            slots=info["slots"],
+            labels=info.get("labels", {}),
+            devices=tuple(Device.model_validate(d) for d in info.get("devices", [])),
+        )
 
 
 @dataclass
@@ -21,16 +55,17 @@ class Usage:
     """What one worker has committed to active (scheduled or running) tasks."""
 
     tasks: int = 0
-    gpus: set[int] = field(default_factory=set)
+    gpus: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
 
 
 def usage_by_worker(active_tasks: Iterable[sqlite3.Row]) -> dict[str, Usage]:
     """Sum the active tasks per worker id."""
-    usage: dict[str, Usage] = defaultdict(Usage)
+    usage: dict[str, Usage] = {}
     for t in active_tasks:
-        u = usage[t["worker_id"]]
+        u = usage.setdefault(t["worker_id"], Usage())
         u.tasks += 1
-        u.gpus.update(json.loads(t["gpu_indices"]))
+        for i in json.loads(t["gpu_indices"]):
+            u.gpus[i] = t["job_id"]
     return usage
 
 
@@ -38,28 +73,98 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def fit(spec: JobSpec, worker: sqlite3.Row, usage: Usage) -> list[int] | str:
-    """The GPU indices ``spec`` would get on ``worker``, or why it does not fit.
+@lru_cache(maxsize=1024)
+def _model_re(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE)
 
-    CPUs and memory are a per-task fit check against the worker's size; slots and
-    GPUs are counted against what the worker's active tasks hold.
-    """
-    info = json.loads(worker["info"])
-    res = spec.resources
-    if res.cpus > info["cpus"]:
-        return f"needs {res.cpus:g} CPUs, has {info['cpus']}"
-    if res.memory is not None and res.memory > info["memory_bytes"]:
-        return (
-            f"needs {res.memory / _GIB:.1f} GiB memory, has {info['memory_bytes'] / _GIB:.1f} GiB"
+
+def gpu_matches(res: Resources, d: Device) -> bool:
+    """True when device ``d`` satisfies every per-GPU requirement of ``res``."""
+    if res.accelerator is not None and d.kind != res.accelerator:
+        return False
+    if res.gpu_memory is not None and d.memory_bytes < res.gpu_memory:
+        return False
+    if res.gpu_model is not None and not _model_re(res.gpu_model).search(d.name):
+        return False
+    if res.gpu_memory_kind is not None and d.memory_kind != res.gpu_memory_kind:
+        return False
+    if res.min_compute_capability is not None:
+        if d.compute_capability is None:
+            return False
+        want = compute_capability_tuple(res.min_compute_capability)
+        if compute_capability_tuple(d.compute_capability) < want:
+            return False
+    return True
+
+
+def describe_gpus(res: Resources) -> str:
+    """``"2 × cuda GPU ≥ 40 GiB"``: the GPU part of a requirement, for reasons."""
+    parts = [f"{res.gpus} ×"]
+    if res.accelerator:
+        parts.append(res.accelerator)
+    if res.gpu_model:
+        parts.append(f"/{res.gpu_model}/")
+    parts.append("GPU")
+    if res.gpu_memory is not None:
+        parts.append(f"≥ {res.gpu_memory / _GIB:g} GiB")
+    if res.min_compute_capability:
+        parts.append(f"cc ≥ {res.min_compute_capability}")
+    if res.gpu_memory_kind:
+        parts.append(f"({res.gpu_memory_kind} memory)")
+    return " ".join(parts)
+
+
+def static_misfit(res: Resources, w: WorkerView) -> str | None:
+    """Why ``w`` could never run a task needing ``res`` (None when it could)."""
+    if res.worker is not None and w.name != res.worker:
+        return f"not the requested worker {res.worker!r}"
+    for key, want in res.selector.items():
+        have = w.labels.get(key)
+        if have != want:
+            return (
+                f"label {key}={want} wanted, has {key}={have}"
+                if have is not None
+                else f"has no label {key} (wanted {key}={want})"
+            )
+    if res.cpus > w.cpus:
+        return f"needs {res.cpus:g} CPUs, has {w.cpus}"
+    if res.memory is not None and res.memory > w.memory_bytes:
+        return f"needs {res.memory / _GIB:.1f} GiB memory, has {w.memory_bytes / _GIB:.1f} GiB"
+    if res.gpus:
+        matching = [d for d in w.devices if gpu_matches(res, d)]
+        if len(matching) < res.gpus:
+            if not w.devices:
+                return f"needs {describe_gpus(res)}, has no GPUs"
+            if len(matching) == len(w.devices):
+                return f"needs {describe_gpus(res)}, has {len(w.devices)}"
+            return (
+                f"needs {describe_gpus(res)}, only {len(matching)} of its"
+                f" {_plural(len(w.devices), 'GPU')} match"
+            )
+    return None
+
+
+def fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
+    """The GPU indices a task needing ``res`` gets on ``w`` now, or why it does not fit."""
+    if w.state != "ready":
+        return "draining: takes no new tasks" if w.state == "draining" else w.state
+    why = static_misfit(res, w)
+    if why is not None:
+        return why
+    if usage.tasks >= w.slots:
+        return "its only task slot is busy" if w.slots == 1 else f"all {w.slots} task slots busy"
+    if not res.gpus:
+        return []
+    matching = [d.index for d in w.devices if gpu_matches(res, d)]
+    free = [i for i in matching if i not in usage.gpus]
+    if len(free) < res.gpus:
+        busy = ", ".join(
+            f"GPU {i} busy with job {usage.gpus[i][:6]}" for i in matching if i in usage.gpus
         )
-    devices = [Device.model_validate(d) for d in info["devices"]]
-    gpus = [d.index for d in devices if d.kind != "cpu"]
-    if res.gpus > len(gpus):
-        return f"needs {_plural(res.gpus, 'GPU')}, has {len(gpus)}"
-    if usage.tasks >= info["slots"]:
-        slots = info["slots"]
-        return "its only task slot is busy" if slots == 1 else f"all {slots} task slots busy"
-    free = [i for i in gpus if i not in usage.gpus]
-    if res.gpus > len(free):
-        return f"needs {_plural(res.gpus, 'GPU')}, has {len(free)} free"
+        return f"needs {describe_gpus(res)}, has {len(free)} free ({busy})"
     return free[: res.gpus]
+
+
+def shape(res: Resources) -> str:
+    """A key equal for requirements that fit (or not) in exactly the same places."""
+    return res.model_dump_json(exclude={"profile"})

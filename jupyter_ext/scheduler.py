@@ -13,23 +13,28 @@ the queue for another attempt. Every transition writes an event with its time an
 reason, in the same transaction as the change itself.
 
 Worker states: ``ready`` (heartbeating) → ``unhealthy`` (missed three heartbeats)
-→ ``offline`` (silent for a whole lease); a heartbeat brings it back to ``ready``.
-Running tasks whose lease runs out end ``lost`` (or are retried).
+→ ``offline`` (silent for a whole lease); a heartbeat brings it back (to ``ready``,
+or to ``draining`` when it was drained: it finishes its tasks and takes no new ones).
+Running tasks whose lease runs out end ``lost`` (or are retried); tasks placed on a
+worker that went offline before picking them up go back to the queue.
 
-Placement order: priority (high first), then submission order; a job that does
-not fit anywhere does not block smaller ones behind it (backfill). Among workers
-that fit, the one with the fewest active tasks wins, then the name, so the same
-state always gives the same placement. For a job that fits nowhere,
-:meth:`Scheduler.explain` says per worker why.
+Placement order: priority (high first), then submission order. A job that does not
+fit yet does not block smaller ones behind it (backfill), until it has waited
+``aging_seconds``: from then on the workers that could ever run it take no job
+placed after it, so it cannot starve. Among workers that fit, the one with the
+fewest active tasks wins, then the name, so the same state always gives the same
+placement. :meth:`Scheduler.placement` says per worker why a job waits, and flags a
+job no registered worker could ever run.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,17 +53,21 @@ from gpulayer.contracts import (
     LogBatch,
     LogLine,
     LogPage,
+    Placement,
     Registered,
     Task,
     TaskCompletion,
+    Telemetry,
+    TelemetrySample,
     Worker,
+    WorkerFit,
     WorkerRegistration,
 )
 from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, ValidationError
 
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
-from .placement import Usage, fit, usage_by_worker
+from .placement import Usage, WorkerView, fit, shape, static_misfit, usage_by_worker
 from .store import Store, as_datetime, job_model, task_model, worker_model
 from .streams import Notifier, job_key, logs_key, worker_key
 
@@ -86,6 +95,10 @@ class Scheduler:
         The store, the blob directory, long-poll wake-ups and tokens.
     heartbeat_seconds, lease_seconds
         How often workers heartbeat, and how long a running task survives without one.
+    aging_seconds
+        How long a job may wait before nothing placed after it may pass it.
+    telemetry_samples
+        How many heartbeats of readings each worker keeps (a bounded window).
     clock
         Current UNIX time; tests inject their own to move time without sleeping.
     """
@@ -99,6 +112,8 @@ class Scheduler:
         *,
         heartbeat_seconds: float = 5.0,
         lease_seconds: float = 30.0,
+        aging_seconds: float = 300.0,
+        telemetry_samples: int = 360,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -112,6 +127,13 @@ class Scheduler:
         self._lock = asyncio.Lock()
         # Cancel requests not yet handed to their worker's acquire.
         self._cancels: dict[str, set[str]] = defaultdict(set)
+        self.aging_seconds = aging_seconds
+        # Parsed once: specs never change, registrations change only on register.
+        self._specs: dict[str, tuple[JobSpec, str]] = {}
+        self._views: dict[str, tuple[str, WorkerView]] = {}
+        self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
+            lambda: deque(maxlen=telemetry_samples)
+        )
 
     # ------------------------------------------------------------ start-up
 
@@ -147,7 +169,11 @@ class Scheduler:
             {"job_id": job_id, "ts": now, "state": "queued", "reason": f"submitted by {owner}"},
         )
         log.info("job %s queued", job_id)
-        await self.schedule()
+        self._specs[job_id] = (spec, shape(spec.resources))
+        try:
+            await self.schedule()
+        except Exception:  # the job is stored and queued; the next pass places it
+            log.exception("placement after submitting %s failed", job_id)
         return await self.get_job(job_id)
 
     async def get_job(self, job_id: str) -> Job:
@@ -155,12 +181,19 @@ class Scheduler:
         row = await self._job_row(job_id)
         job = job_model(row, await self.store.tasks_of_job(job_id), await self._worker_names())
         if job.state == JobState.queued:
-            job.pending_reasons = await self.explain(job.spec)
+            report = await self._placement(job.spec.resources, job.id, job.state)
+            job.pending_reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [
+                report.summary
+            ]
+            if not report.satisfiable:
+                job.reason = report.summary
         return job
 
-    async def list_jobs(self, state: JobState | None = None, limit: int = 100) -> list[Job]:
-        """Jobs newest first."""
-        rows = await self.store.list_jobs(state.value if state else None, limit)
+    async def list_jobs(
+        self, state: JobState | None = None, limit: int = 100, owner: str | None = None
+    ) -> list[Job]:
+        """Jobs newest first (only ``owner``'s when given)."""
+        rows = await self.store.list_jobs(state.value if state else None, limit, owner)
         names = await self._worker_names()
         return [job_model(r, [], names) for r in rows]
 
@@ -292,7 +325,13 @@ class Scheduler:
         running: dict[str, list[str]] = defaultdict(list)
         for t in await self.store.active_tasks():
             running[t["worker_id"]].append(t["id"])
-        return [worker_model(r, running[r["id"]]) for r in await self.store.list_workers()]
+        out = []
+        for r in await self.store.list_workers():
+            w = worker_model(r, running[r["id"]])
+            if samples := self._telemetry.get(r["id"]):
+                w.gpus, w.tasks = samples[-1].gpus, samples[-1].tasks
+            out.append(w)
+        return out
 
     async def register(self, reg: WorkerRegistration) -> Registered:
         """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
@@ -320,7 +359,10 @@ class Scheduler:
                     "id": worker_id,
                     "name": reg.name,
                     "hostname": reg.hostname,
-                    "state": "ready",
+                    "state": "draining"
+                    if existing is not None and existing["draining"]
+                    else "ready",
+                    "draining": existing["draining"] if existing is not None else 0,
                     "info": info,
                     "registered_at": existing["registered_at"] if existing else now,
                     "last_heartbeat": now,
@@ -328,7 +370,7 @@ class Scheduler:
                     "memory_used": None,
                 }
             )
-            await self.store.revoke_worker_tokens(worker_id, now)
+            await self.tokens.revoke_worker(worker_id)
             token = await self.tokens.create(f"worker:{reg.name}", "worker", worker_id=worker_id)
             kill = await self._reconcile(worker_id, reg.running_tasks, now, grace=0.0)
             for row in await self.store.active_tasks(worker_id):
@@ -350,14 +392,30 @@ class Scheduler:
         row = await self._worker_row(worker_id)
         came_back = row["state"] in ("unhealthy", "offline")
         await self.store.heartbeat(worker_id, now, hb.cpu_percent, hb.memory_used_bytes)
+        self._telemetry[worker_id].append(
+            TelemetrySample(
+                ts=as_datetime(now),
+                cpu_percent=hb.cpu_percent,
+                memory_used_bytes=hb.memory_used_bytes,
+                gpus=hb.gpus,
+                tasks=hb.tasks,
+            )
+        )
         async with self._lock:
             kill = await self._reconcile(
                 worker_id, hb.running_tasks, now, grace=2 * self.heartbeat_seconds
             )
+            # Cancels that an acquire answer may have lost on the way are sent again.
+            listed = set(hb.running_tasks)
+            cancel = sorted(
+                r["id"]
+                for r in await self.store.active_tasks(worker_id)
+                if r["cancel_requested"] and r["id"] in listed
+            )
         if came_back:
             log.info("worker %s is back", row["name"])
             await self.schedule()
-        return HeartbeatReply(kill_tasks=kill)
+        return HeartbeatReply(kill_tasks=kill, cancel=cancel)
 
     async def acquire(self, worker_id: str, wait: float) -> Acquired | None:
         """New assignments and cancels for a worker; waits up to ``wait`` s for some."""
@@ -365,7 +423,7 @@ class Scheduler:
 
         async def take() -> Acquired | None:
             async with self._lock:
-                cancels = sorted(self._cancels.pop(worker_id, ()))
+                cancels = sorted(self._cancels.get(worker_id, ()))
                 rows = [
                     r for r in await self.store.active_tasks(worker_id) if r["state"] == "scheduled"
                 ]
@@ -395,6 +453,7 @@ class Scheduler:
                         )
                     )
                 await self.store.apply(stmts)
+                self._cancels[worker_id].difference_update(cancels)  # only once stored
             for a in out:
                 self._notify_job(a.job_id)
             return Acquired(assignments=out, cancel=cancels)
@@ -439,8 +498,11 @@ class Scheduler:
             async with self._lock:
                 task = await self._task_row(task_id)
                 if task["state"] not in _TERMINAL:
+                    reason = done.reason
+                    if done.state == "cancelled" and task["cancel_requested"]:
+                        reason = await self._cancel_reason(task) or reason
                     await self.store.apply(
-                        await self._finish(task, done.state, done.exit_code, done.reason)
+                        await self._finish(task, done.state, done.exit_code, reason)
                     )
             log.info("task %s %s", task_id, done.state)
             self._notify_job(task["job_id"])
@@ -450,47 +512,48 @@ class Scheduler:
     # ----------------------------------------------------------- placement
 
     async def schedule(self) -> int:
-        """Place every queued job that fits; returns how many were placed."""
+        """Place every queued job that fits; returns how many were placed.
+
+        One pass in placement order. Requirements that failed everywhere in this
+        pass are not tried again for later jobs (usage only grows within a pass),
+        and the pass stops as soon as no worker has a free slot.
+        """
         placed: list[tuple[str, str]] = []
         async with self._lock:
-            workers = [w for w in await self.store.list_workers() if w["state"] == "ready"]
+            workers = [w for w in await self._views_now() if w.state == "ready"]
             if not workers:
                 return 0
             usage = await self._usage()
+            free_slots = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
             stmts: list[tuple[str, Sequence[Any]]] = []
             now = self.clock()
+            failed_shapes: set[str] = set()
+            reserved: set[str] = set()  # workers held for a job that waited too long
             for job in await self.store.queued_jobs():
-                spec = JobSpec.model_validate_json(job["spec"])
+                if free_slots <= 0:
+                    break
+                spec, key = self._spec(job)
+                res = spec.resources
+                if key in failed_shapes and not reserved:
+                    continue
                 choice = None
-                for w in sorted(workers, key=lambda w: (usage[w["id"]].tasks, w["name"])):
-                    gpus = fit(spec, w, usage[w["id"]])
+                candidates = [w for w in workers if w.id not in reserved]
+                for w in sorted(candidates, key=lambda w: (usage[w.id].tasks, w.name)):
+                    gpus = fit(res, w, usage[w.id])
                     if isinstance(gpus, list):
                         choice = (w, gpus)
                         break
                 if choice is None:
+                    failed_shapes.add(key)
+                    if now - job["created_at"] > self.aging_seconds:
+                        reserved.update(w.id for w in workers if static_misfit(res, w) is None)
                     continue
                 w, gpus = choice
-                task_id = _new_id()
-                attempt = job["attempts"] + 1
-                stmts.append(
-                    (
-                        "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices,"
-                        " created_at) VALUES (?, ?, ?, 'scheduled', ?, ?, ?)",
-                        (task_id, job["id"], attempt, w["id"], json.dumps(gpus), now),
-                    )
-                )
-                stmts.append(
-                    (
-                        "UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?",
-                        (attempt, w["id"], job["id"]),
-                    )
-                )
-                gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
-                stmts += self._job_to(job, "scheduled", f"placed on {w['name']}{gpu_text}")
-                u = usage[w["id"]]
-                u.tasks += 1
-                u.gpus.update(gpus)
-                placed.append((job["id"], w["id"]))
+                stmts += self._place(job, w, gpus, now)
+                usage[w.id].tasks += 1
+                usage[w.id].gpus.update(dict.fromkeys(gpus, job["id"]))
+                free_slots -= 1
+                placed.append((job["id"], w.id))
             if stmts:
                 await self.store.apply(stmts)
         for job_id, worker_id in placed:
@@ -498,27 +561,96 @@ class Scheduler:
             self._notify_job(job_id)
         return len(placed)
 
-    async def explain(self, spec: JobSpec) -> list[str]:
-        """Per worker, why ``spec`` does not fit there now."""
-        rows = await self.store.list_workers()
-        if not rows:
-            return ["no workers have registered; start one with `gpulayer join URL --token T`"]
-        usage = await self._usage()
-        reasons = []
-        for w in rows:
-            if w["state"] != "ready":
-                reasons.append(f"{w['name']}: {w['state']}")
-                continue
-            why = fit(spec, w, usage[w["id"]])
-            reasons.append(
-                f"{w['name']}: fits, waiting for the next placement pass"
-                if isinstance(why, list)
-                else f"{w['name']}: {why}"
+    def _place(
+        self, job: sqlite3.Row, w: WorkerView, gpus: list[int], now: float
+    ) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that give ``job`` a new task on ``w`` (lock held)."""
+        task_id = _new_id()
+        attempt = job["attempts"] + 1
+        gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+        return [
+            (
+                "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices,"
+                " created_at) VALUES (?, ?, ?, 'scheduled', ?, ?, ?)",
+                (task_id, job["id"], attempt, w.id, json.dumps(gpus), now),
+            ),
+            (
+                "UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?",
+                (attempt, w.id, job["id"]),
+            ),
+            *self._job_to(job, "scheduled", f"placed on {w.name}{gpu_text}"),
+        ]
+
+    async def placement(self, job_id: str) -> Placement:
+        """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
+        job = await self.get_job(job_id)
+        return await self._placement(job.spec.resources, job.id, job.state, job)
+
+    async def _placement(
+        self, res: Any, job_id: str, state: JobState, job: Job | None = None
+    ) -> Placement:
+        views = await self._views_now()
+        if state != JobState.queued and job is not None:
+            where = job.worker_name or "no worker"
+            gpus = job.tasks[-1].gpu_indices if job.tasks else []
+            gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
+            verb = "ran on" if state.terminal else f"{state.value} on"
+            return Placement(
+                job_id=job_id, state=state, satisfiable=True, summary=f"{verb} {where}{gpu_text}"
             )
-        return reasons
+        if not views:
+            return Placement(
+                job_id=job_id,
+                state=state,
+                satisfiable=False,
+                summary="no workers have registered; start one with `gpulayer join URL --token T`",
+            )
+        usage = await self._usage()
+        fits = []
+        for w in views:
+            never = static_misfit(res, w)
+            now = fit(res, w, usage[w.id])
+            fits_now = isinstance(now, list)
+            reason = never or ("fits; waiting for the next placement pass" if fits_now else now)
+            fits.append(
+                WorkerFit(
+                    worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=str(reason)
+                )
+            )
+        satisfiable = any(f.could_ever_fit for f in fits)
+        summary = (
+            "waiting for a worker to free up"
+            if satisfiable
+            else "unsatisfiable: no registered worker could ever run this job"
+        )
+        return Placement(
+            job_id=job_id, state=state, satisfiable=satisfiable, summary=summary, workers=fits
+        )
+
+    def _spec(self, job: sqlite3.Row) -> tuple[JobSpec, str]:
+        cached = self._specs.get(job["id"])
+        if cached is None:
+            spec = JobSpec.model_validate_json(job["spec"])
+            cached = self._specs[job["id"]] = (spec, shape(spec.resources))
+        return cached
+
+    async def _views_now(self) -> list[WorkerView]:
+        """Every worker, parsed (cached per registration), with its current state."""
+        out = []
+        for row in await self.store.list_workers():
+            cached = self._views.get(row["id"])
+            if cached is None or cached[0] != row["info"]:
+                cached = self._views[row["id"]] = (row["info"], WorkerView.from_row(row))
+            view = cached[1]
+            out.append(
+                view
+                if view.state == row["state"]
+                else dataclasses.replace(view, state=row["state"])
+            )
+        return out
 
     async def _usage(self) -> dict[str, Usage]:
-        return usage_by_worker(await self.store.active_tasks())
+        return defaultdict(Usage, usage_by_worker(await self.store.active_tasks()))
 
     # -------------------------------------------------------------- leases
 
@@ -542,6 +674,11 @@ class Scheduler:
             for t in await self.store.expired_leases(now):
                 stmts += await self._finish(t, "lost", None, "worker stopped renewing the lease")
                 ended.append(t["job_id"])
+            offline = {w["id"] for w in await self.store.list_workers() if w["state"] == "offline"}
+            for t in await self.store.active_tasks():
+                if t["state"] == "scheduled" and t["worker_id"] in offline:
+                    stmts += self._unplace(t, "its worker went offline before starting it")
+                    ended.append(t["job_id"])
             if stmts:
                 await self.store.apply(stmts)
                 changed = True
@@ -549,6 +686,50 @@ class Scheduler:
             self._notify_job(job_id)
         if changed:
             await self.schedule()
+
+    def _unplace(self, task: sqlite3.Row, reason: str) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that take back a task nobody started: the job is queued again
+        and the attempt does not count (lock held)."""
+        return [
+            *self._task_end(task, "lost", None, reason),
+            ("UPDATE jobs SET attempts = attempts - 1 WHERE id = ?", (task["job_id"],)),
+            (
+                "UPDATE jobs SET state = 'queued', reason = ?, updated_at = ? WHERE id = ?",
+                (f"back in the queue: {reason}", self.clock(), task["job_id"]),
+            ),
+            *self._event(task["job_id"], None, "queued", f"back in the queue: {reason}"),
+        ]
+
+    async def _cancel_reason(self, task: sqlite3.Row) -> str | None:
+        """The reason the user gave when cancelling ``task`` (e.g. "cancelled by ada")."""
+        for e in reversed(await self.store.events_of_job(task["job_id"])):
+            if e["task_id"] == task["id"] and e["state"] == "cancel_requested":
+                return e["reason"]
+        return None
+
+    # ------------------------------------------------------------- draining
+
+    async def drain(self, name: str, draining: bool = True) -> Worker:
+        """Let a worker finish its tasks and take no new ones (or take them again)."""
+        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
+        if row is None:
+            raise NotFound(f"no worker named {name!r}")
+        await self.store.set_draining(row["id"], draining)
+        log.info("worker %s %s", row["name"], "draining" if draining else "resumed")
+        if not draining:
+            await self.schedule()
+        return next(w for w in await self.workers() if w.id == row["id"])
+
+    async def telemetry(self, name: str) -> Telemetry:
+        """A worker's recent heartbeat readings."""
+        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
+        if row is None:
+            raise NotFound(f"no worker named {name!r}")
+        return Telemetry(
+            worker_id=row["id"],
+            worker_name=row["name"],
+            samples=list(self._telemetry.get(row["id"], ())),
+        )
 
     async def _reconcile(
         self, worker_id: str, reported: Sequence[str], now: float, grace: float

@@ -108,8 +108,20 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 """
 
+# v2: a drained worker stays draining across heartbeats and re-registrations.
+_SCHEMA_V2 = """
+ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;
+"""
+
+# v3: single-use join tokens (consumed by the one registration they allow).
+_SCHEMA_V3 = """
+ALTER TABLE tokens ADD COLUMN single_use INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tokens ADD COLUMN used_at REAL;
+CREATE INDEX IF NOT EXISTS tokens_by_name ON tokens (name);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
@@ -212,13 +224,15 @@ class Store:
         """One job row by id."""
         return await self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
 
-    async def list_jobs(self, state: str | None, limit: int) -> list[sqlite3.Row]:
-        """Jobs newest first, optionally of one state."""
-        if state:
-            return await self._all(
-                "SELECT * FROM jobs WHERE state = ? ORDER BY seq DESC LIMIT ?", (state, limit)
-            )
-        return await self._all("SELECT * FROM jobs ORDER BY seq DESC LIMIT ?", (limit,))
+    async def list_jobs(
+        self, state: str | None, limit: int, owner: str | None = None
+    ) -> list[sqlite3.Row]:
+        """Jobs newest first, optionally of one state and of one owner."""
+        where = [(c, v) for c, v in (("state", state), ("owner", owner)) if v is not None]
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(f"{c} = ?" for c, _ in where)
+        return await self._all(sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit))
 
     async def queued_jobs(self) -> list[sqlite3.Row]:
         """Queued jobs in placement order: priority, then submission."""
@@ -379,9 +393,22 @@ class Store:
             [
                 (
                     "UPDATE workers SET last_heartbeat = ?, cpu_percent = ?, memory_used = ?,"
-                    " state = CASE WHEN state IN ('unhealthy', 'offline') THEN 'ready'"
+                    " state = CASE WHEN state IN ('unhealthy', 'offline') THEN"
+                    " (CASE WHEN draining THEN 'draining' ELSE 'ready' END)"
                     " ELSE state END WHERE id = ?",
                     (ts, cpu, mem, worker_id),
+                )
+            ]
+        )
+
+    async def set_draining(self, worker_id: str, draining: bool) -> None:
+        """Drain a worker (it takes no new tasks), or put it back to work."""
+        await self._write(
+            [
+                (
+                    "UPDATE workers SET draining = ?, state = CASE"
+                    " WHEN state IN ('ready', 'draining') THEN ? ELSE state END WHERE id = ?",
+                    (int(draining), "draining" if draining else "ready", worker_id),
                 )
             ]
         )
@@ -399,6 +426,60 @@ class Store:
     async def token_by_hash(self, digest: str) -> sqlite3.Row | None:
         """The token record with this hash."""
         return await self._one("SELECT * FROM tokens WHERE hash = ?", (digest,))
+
+    async def token_by_id(self, token_id: str) -> sqlite3.Row | None:
+        """The token record with this id."""
+        return await self._one("SELECT * FROM tokens WHERE id = ?", (token_id,))
+
+    async def list_tokens(self) -> list[sqlite3.Row]:
+        """Every token record, oldest first."""
+        return await self._all("SELECT * FROM tokens ORDER BY created_at, id")
+
+    async def tokens_named(self, name: str) -> list[sqlite3.Row]:
+        """The token records with this name."""
+        return await self._all("SELECT * FROM tokens WHERE name = ?", (name,))
+
+    async def revoke_tokens(self, token_ids: Sequence[str], ts: float) -> None:
+        """Revoke these tokens (already revoked ones keep their time)."""
+        marks = ",".join("?" * len(token_ids))
+        await self._write(
+            [
+                (
+                    f"UPDATE tokens SET revoked_at = ? WHERE id IN ({marks})"
+                    " AND revoked_at IS NULL",
+                    (ts, *token_ids),
+                )
+            ]
+        )
+
+    async def use_token(self, token_id: str, ts: float) -> bool:
+        """Consume a single-use token; False when it was used (or revoked) already."""
+        async with self._tx:
+            cur = await self.db.execute(
+                "UPDATE tokens SET used_at = ?, revoked_at = ?"
+                " WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
+                (ts, ts, token_id),
+            )
+            n = cur.rowcount
+            await cur.close()
+        return n == 1
+
+    async def worker_token_ids(self, worker_id: str) -> list[str]:
+        """Ids of a worker's tokens not yet revoked."""
+        rows = await self._all(
+            "SELECT id FROM tokens WHERE worker_id = ? AND revoked_at IS NULL", (worker_id,)
+        )
+        return [r["id"] for r in rows]
+
+    async def worker_has_bundle(self, worker_id: str, sha256: str) -> bool:
+        """Whether a task placed on the worker (and not ended) has this bundle."""
+        row = await self._one(
+            "SELECT 1 FROM tasks JOIN jobs ON jobs.id = tasks.job_id"
+            " WHERE tasks.worker_id = ? AND tasks.state IN ('scheduled', 'running')"
+            " AND json_extract(jobs.spec, '$.bundle') = ? LIMIT 1",
+            (worker_id, sha256),
+        )
+        return row is not None
 
     async def revoke_worker_tokens(self, worker_id: str, ts: float) -> None:
         """Revoke every earlier token of a worker (it got a new one)."""

@@ -42,7 +42,7 @@ from gpulayer import contracts as c
 from gpulayer.errors import ConfigError, GpulayerError, NotFound, ValidationError, error_for_code
 from gpulayer.worker import devices
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
+from gpulayer.worker.process import CommandRun, Outcome, TaskDir, TreeSampler, task_env
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class _Task:
     dir: TaskDir | None = None
     cancel_reason: str | None = None
     abandoned: bool = False
+    released: bool = False
 
     @property
     def id(self) -> str:
@@ -123,6 +124,8 @@ class Agent:
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
         ).absolute()
         self.devices = devices.discover()
+        self._gpu_telemetry = devices.GpuTelemetry(self.devices)
+        self._trees = TreeSampler()
         self._base = config.url.rstrip("/") + c.API_PREFIX + "/"
         self._http = http
         self._slots = asyncio.Semaphore(config.slots)
@@ -145,12 +148,14 @@ class Agent:
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop())
 
     async def shutdown(self) -> None:
-        """Cancel every task, report it best effort, and wait for its processes."""
+        """Release every task (reported ``lost``, so it is retried), and wait for its processes."""
+        self._gpu_telemetry.close()
         tasks = list(self._tasks.values())
         if not tasks:
             return
         log.info("worker %s stopping %d running task(s)", self.name, len(tasks))
         for task in tasks:
+            task.released = True  # reported `lost`, so the control plane retries it
             task.cancel("worker shutting down")
         pipelines = [t.pipeline for t in tasks if t.pipeline is not None]
         deadline = self.config.kill_grace_seconds + _SHUTDOWN_DELIVERY_SECONDS
@@ -227,17 +232,24 @@ class Agent:
     async def _heartbeat(self, *, retry: bool = True) -> bool:
         """Send one heartbeat; True when the control plane answered it (below 500)."""
         vm = psutil.virtual_memory()
+        running = self._running_ids()
+        pids = {t.run.pid: t.id for t in self._tasks.values() if t.run and t.run.pid}
         beat = c.Heartbeat(
-            running_tasks=self._running_ids(),
+            running_tasks=running,
             cpu_percent=psutil.cpu_percent(None),
             memory_used_bytes=vm.total - vm.available,
+            gpus=self._gpu_telemetry.sample(),
+            tasks=[self._trees.sample(task_id, pid) for pid, task_id in pids.items()],
         )
+        self._trees.forget(set(pids))
         try:
             resp = await self._call("POST", "heartbeat", body=beat, worker_route=True, retry=retry)
         except httpx.TransportError:
             return False
         if resp.is_success:
-            self._kill(c.HeartbeatReply.model_validate(resp.json()).kill_tasks)
+            reply = c.HeartbeatReply.model_validate(resp.json())
+            self._kill(reply.kill_tasks)
+            self._cancel(reply.cancel)
         elif resp.status_code < 500:
             log.warning("heartbeat refused: %s", _describe(resp))
         return resp.status_code < 500
@@ -262,9 +274,7 @@ class Agent:
             delay = min(delay * 2, _BACKOFF_CAP_SECONDS)
 
     def _dispatch(self, acquired: c.Acquired) -> None:
-        for task_id in acquired.cancel:
-            if task := self._tasks.get(task_id):
-                task.cancel("cancelled by user")
+        self._cancel(acquired.cancel)
         for assignment in acquired.assignments:
             if assignment.task_id not in self._tasks:  # a re-sent assignment runs once
                 self._start(assignment)
@@ -272,6 +282,12 @@ class Agent:
     def _running_ids(self) -> list[str]:
         """Tasks whose results are not delivered yet (their leases must stay alive)."""
         return [task_id for task_id, task in self._tasks.items() if not task.abandoned]
+
+    def _cancel(self, task_ids: list[str]) -> None:
+        """Stop user-cancelled tasks (repeats are harmless: a cancel happens once)."""
+        for task_id in task_ids:
+            if task := self._tasks.get(task_id):
+                task.cancel("cancelled by user")
 
     def _kill(self, task_ids: list[str]) -> None:
         for task_id in task_ids:
@@ -298,6 +314,8 @@ class Agent:
                 log.exception("task %s: worker error", task.id)
                 outcome = Outcome("failed", None, f"worker error: {e!r}")
                 task.logs.add(c.LogStream.system, outcome.reason or "", _now())
+            if task.released and outcome.state == "cancelled":
+                outcome = Outcome("lost", outcome.exit_code, outcome.reason)
             log.info("task %s ended: %s%s", task.id, outcome.state, _because(outcome.reason))
             if not task.abandoned:
                 await self._deliver(task, outcome)
@@ -320,8 +338,11 @@ class Agent:
             if task.cancel_reason is not None:
                 return Outcome("cancelled", None, task.cancel_reason)
             log.info("task %s (job %s, attempt %d) started", a.task_id, a.job_id, a.attempt)
-            gpus = ", ".join(str(i) for i in a.gpu_indices) or "none"
-            task.logs.add(c.LogStream.system, f"started on {self.name} (gpus: {gpus})", _now())
+            gpus = ", ".join(str(i) for i in a.gpu_indices)
+            where = (
+                f"GPU {gpus}" if len(a.gpu_indices) == 1 else f"GPUs {gpus}" if gpus else "no GPU"
+            )
+            task.logs.add(c.LogStream.system, f"started on {self.name} ({where})", _now())
             task.dir = await asyncio.to_thread(TaskDir.create, self.data_dir / "tasks", a.task_id)
             try:
                 if a.spec.bundle is not None:

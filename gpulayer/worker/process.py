@@ -29,7 +29,14 @@ from typing import Literal
 import psutil
 
 from gpulayer import bundle
-from gpulayer.contracts import Assignment, JobSpec, LogStream, TaskCompletion, format_duration
+from gpulayer.contracts import (
+    Assignment,
+    JobSpec,
+    LogStream,
+    TaskCompletion,
+    TaskSample,
+    format_duration,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,7 @@ LineCallback = Callable[[LogStream, str, datetime], None]
 
 #: Variables of the worker's own environment that a task never inherits.
 _PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
+_VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 _READ_CHUNK_BYTES = 64 * 1024
 _POLL_SECONDS = 0.02
@@ -47,7 +55,7 @@ _POLL_SECONDS = 0.02
 class Outcome:
     """How a run ended, in the terms of :class:`~gpulayer.contracts.TaskCompletion`."""
 
-    state: Literal["succeeded", "failed", "cancelled", "timed_out"]
+    state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     exit_code: int | None = None
     reason: str | None = None
 
@@ -114,9 +122,12 @@ def task_env(
         GPULAYER_TASK_ID=assignment.task_id,
         GPULAYER_ATTEMPT=str(assignment.attempt),
         GPULAYER_ARTIFACTS=str(Path(artifacts).absolute()),
-        CUDA_VISIBLE_DEVICES=",".join(str(i) for i in assignment.gpu_indices),
         PYTHONUNBUFFERED="1",
     )
+    # The reservation, for every vendor's runtime (a job cannot widen it).
+    visible = ",".join(str(i) for i in assignment.gpu_indices)
+    for var in _VISIBLE_DEVICES_ENV:
+        env[var] = visible
     return env
 
 
@@ -380,3 +391,41 @@ def _group_members(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             continue
     return members
+
+
+class TreeSampler:
+    """CPU and memory of each running task's process tree, for heartbeats.
+
+    psutil's ``cpu_percent`` measures since the previous call on the same
+    ``Process`` object, so the sampler keeps them between heartbeats.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def sample(self, task_id: str, pid: int | None) -> TaskSample:
+        """One reading of the tree rooted at ``pid`` (zeros once it is gone)."""
+        if pid is None:
+            return TaskSample(task_id=task_id)
+        try:
+            root = self._procs.setdefault(pid, psutil.Process(pid))
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return TaskSample(task_id=task_id)
+        cpu, rss, alive = 0.0, 0, 0
+        for p in tree:
+            p = self._procs.setdefault(p.pid, p)
+            try:
+                cpu += p.cpu_percent(None)
+                rss += p.memory_info().rss
+                alive += 1
+            except psutil.Error:
+                self._procs.pop(p.pid, None)
+        return TaskSample(task_id=task_id, cpu_percent=cpu, rss_bytes=rss, processes=alive)
+
+    def forget(self, pids: set[int]) -> None:
+        """Drop cached processes that are not in ``pids`` any more."""
+        for pid in list(self._procs):
+            if pid not in pids and not self._procs[pid].is_running():
+                del self._procs[pid]

@@ -191,17 +191,26 @@ def test_a_killed_worker_loses_its_task_and_a_retry_runs_elsewhere(fresh_cluster
         assert attempts == [(1, "lost", "local-1"), (2, "succeeded", "local-2")]
 
 
-def test_worker_sigterm_cancels_its_task_and_exits_cleanly(fresh_cluster, tmp_path):
+def test_worker_sigterm_releases_its_task_for_a_retry_and_exits_cleanly(fresh_cluster, tmp_path):
     c = fresh_cluster(workers=1)
     pidfile = tmp_path / "pid"
     with c.connection() as conn:
-        job = gl.submit(["/bin/sh", "-c", f"echo $$ > {pidfile}; exec sleep 120"], connection=conn)
+        job = gl.submit(
+            ["/bin/sh", "-c", f"echo $$ > {pidfile}; exec sleep 120"], retries=1, connection=conn
+        )
         until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="start")
         pid = int(pidfile.read_text())
         assert c.stop_worker("local-1", signal.SIGTERM) == 0
         assert not alive(pid)
-        job.wait(timeout=30)
-        assert job.state == "cancelled" and "worker shutting down" in job.info.reason
+        until(lambda: conn.job(job.id).state == "queued", what="the job to be queued again")
+        first = conn.job(job.id).tasks[0]
+        assert (first.state, first.reason) == ("lost", "worker shutting down")
+        pidfile.unlink()
+        c.add_worker("local-2")
+        until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the retry")
+        assert conn.job(job.id).tasks[-1].worker_name == "local-2"
+        job.cancel()
+        assert job.wait(timeout=30).state == "cancelled"
 
 
 def test_cli_submit_follow_prints_output_live_and_exits_with_the_code(cluster):

@@ -121,7 +121,10 @@ def test_a_job_too_big_for_every_worker_says_so_per_worker(world):
                 "small: needs 64.0 GiB memory, has 16.0 GiB",
             ]
             job = await sched.submit(spec(resources={"gpus": 2}), "u")
-            assert job.pending_reasons == ["cpu: needs 2 GPUs, has 0", "small: needs 2 GPUs, has 1"]
+            assert job.pending_reasons == [
+                "cpu: needs 2 × GPU, has no GPUs",
+                "small: needs 2 × GPU, has 1",
+            ]
 
     run(body())
 

@@ -246,7 +246,7 @@ async def test_heartbeat_names_tasks_to_kill_and_unknown_workers_are_404(gl_api)
         token=reg["token"],
         json_body={"running_tasks": ["deadbeef0000"]},
     )
-    assert status == 200 and reply == {"kill_tasks": ["deadbeef0000"]}
+    assert status == 200 and reply == {"kill_tasks": ["deadbeef0000"], "cancel": []}
     status, err = await gl_api("workers", "nope", "acquire", method="POST", token="admin")
     assert status == 404 and "register again" in err["message"]
 
@@ -265,6 +265,8 @@ async def test_artifact_names_cannot_escape(gl_api):
     job_id = got["assignments"][0]["job_id"]
     assert (await gl_api("jobs", job_id, "artifacts"))[1]["artifacts"] == []
     status, _ = await gl_api("blobs", "..%2F..%2Fgpulayer.db", token=reg["token"])
+    assert status == 403  # a worker reads only its own tasks' bundles
+    status, _ = await gl_api("blobs", "..%2F..%2Fgpulayer.db")
     assert status == 404
 
 
@@ -272,7 +274,8 @@ async def test_gpu_job_waits_with_a_reason_until_a_worker_has_gpus(gl_api):
     await join(gl_api)
     _, job = await gl_api("jobs", method="POST", json_body={**JOB, "resources": {"gpus": 1}})
     assert job["state"] == "queued"
-    assert job["pending_reasons"] == ["box1: needs 1 GPU, has 0"]
+    assert job["pending_reasons"] == ["box1: needs 1 × GPU, has no GPUs"]
+    assert job["reason"] == "unsatisfiable: no registered worker could ever run this job"
     gpu = {
         "index": 0,
         "kind": "cuda",

@@ -37,7 +37,9 @@ def test_an_empty_value_simulates_no_gpus() -> None:
 
 @pytest.mark.parametrize("value", ["A100", "2xA100", "A100-80", "0xA100-80GB", "2xA100-80GB,"])
 def test_a_malformed_value_names_the_accepted_form(value: str) -> None:
-    with pytest.raises(ValueError, match=r"\[COUNTx\]MODEL-MEMORYGB.*'2xA100-80GB") as info:
+    with pytest.raises(
+        ValueError, match=r"\[COUNTx\]\[KIND:\]MODEL-MEMORYGB.*'2xA100-80GB"
+    ) as info:
         parse_simulated(value)
     assert SIMULATED_GPUS_ENV in str(info.value)
 
@@ -56,3 +58,82 @@ def test_discover_without_simulation_never_raises(monkeypatch: pytest.MonkeyPatc
     if found:
         pytest.skip(f"NVML found {len(found)} real GPU(s)")
     assert found == []
+
+
+def test_simulated_kinds_and_compute_capabilities():
+    devs = parse_simulated("1xH100-80GB,1xT4-16GB,2xrocm:MI250-64GB,1xmps:M3-36GB")
+    assert [(d.index, d.kind) for d in devs] == [
+        (0, "cuda"),
+        (1, "cuda"),
+        (2, "rocm"),
+        (3, "rocm"),
+        (4, "mps"),
+    ]
+    assert [d.compute_capability for d in devs] == ["9.0", "7.5", None, None, None]
+    assert devs[4].memory_kind == "unified" and devs[0].memory_kind == "dedicated"
+    assert devs[2].name == "AMD MI250 (simulated)"
+
+
+def test_amd_gpus_are_read_from_a_sysfs_tree(tmp_path):
+    from gpulayer.worker.devices import _sysfs_amd_devices
+
+    for card, vendor, vram in (
+        ("card0", "0x1002", 64 << 30),
+        ("card1", "0x8086", 0),
+        ("card2", "0x1002", 32 << 30),
+    ):
+        dev = tmp_path / card / "device"
+        dev.mkdir(parents=True)
+        (dev / "vendor").write_text(vendor + "\n")
+        (dev / "device").write_text("0x740c\n")
+        (dev / "mem_info_vram_total").write_text(str(vram))
+    devs = _sysfs_amd_devices(tmp_path)
+    assert [(d.index, d.kind, d.memory_bytes) for d in devs] == [
+        (0, "rocm", 64 << 30),
+        (1, "rocm", 32 << 30),
+    ]
+
+
+def test_rocm_smi_json_is_parsed():
+    from gpulayer.worker.devices import _parse_rocm_smi
+
+    out = {
+        "card1": {"Card series": "Instinct MI210", "VRAM Total Memory (B)": "68702699520"},
+        "card0": {
+            "Card series": "Instinct MI250X",
+            "VRAM Total Memory (B)": "68702699520",
+            "Unique ID": "0x1234",
+        },
+        "system": {"Driver version": "6.7"},
+    }
+    devs = _parse_rocm_smi(out)
+    assert [(d.index, d.name, d.uuid) for d in devs] == [
+        (0, "Instinct MI250X", "0x1234"),
+        (1, "Instinct MI210", None),
+    ]
+
+
+def test_telemetry_of_simulated_gpus_reports_each_index():
+    from gpulayer.worker.devices import GpuTelemetry
+
+    t = GpuTelemetry(parse_simulated("2xA100-80GB"))
+    assert [s.index for s in t.sample()] == [0, 1]
+    assert t.sample()[0].utilization_percent is None
+    t.close()
+
+
+@pytest.mark.gpu
+def test_nvml_reports_real_gpus_with_capabilities():
+    import os
+
+    if os.environ.get("GPULAYER_RUN_GPU_TESTS") != "1":
+        pytest.skip("set GPULAYER_RUN_GPU_TESTS=1 on a machine with an NVIDIA GPU")
+    from gpulayer.worker.devices import GpuTelemetry, _nvml_devices
+
+    devs = _nvml_devices()
+    if not devs:
+        pytest.skip("NVML finds no GPU here")
+    assert all(d.kind == "cuda" and d.memory_bytes > 0 and d.compute_capability for d in devs)
+    assert devs[0].driver_version and devs[0].runtime_version
+    samples = GpuTelemetry(devs).sample()
+    assert samples[0].memory_used_bytes is not None

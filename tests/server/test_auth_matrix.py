@@ -1,0 +1,292 @@
+"""Every route × every role, plus no, expired, revoked and malformed tokens.
+
+``MATRIX`` holds one entry per handler class and verb: the request to send and
+the exact status each role gets (roles not listed get 403). Requests without a
+usable token get 401 everywhere except ``health``. A route mounted without an
+entry fails ``test_every_mounted_route_has_a_matrix_entry``: add the new
+handler to ``MATRIX`` (issue-5 routes included) and say who may call it.
+"""
+
+import copy
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from jupyter_ext import app, handlers, token_handlers, worker_handlers
+
+ROLES = ("admin", "submitter", "viewer", "join", "worker")
+UNUSABLE = ("none", "expired", "revoked", "unknown", "malformed")
+VERBS = ("get", "post", "put", "delete", "patch")
+UNPLACEABLE = {"command": ["true"], "resources": {"gpus": 8}}  # the worker has no GPUs
+PLACEABLE = {"command": ["true"], "resources": {"cpus": 0.01}}
+
+_names = itertools.count()
+
+
+def fresh_name(prefix: str) -> str:
+    return f"{prefix}{next(_names)}"
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config):
+    """Long leases (the matrix must not race the sweep) and no failed-login limit."""
+    cfg = copy.deepcopy(jp_server_config)
+    cfg["GpulayerApp"].update(
+        {"lease_seconds": 120.0, "heartbeat_seconds": 30.0, "login_failures_allowed": 0}
+    )
+    return cfg
+
+
+@dataclass
+class Ctx:
+    """Real objects the requests refer to, and the token of each principal."""
+
+    api: Callable[..., Awaitable[tuple[int, Any]]]
+    auth: dict[str, str] = field(default_factory=dict)  # principal -> Authorization header
+    worker_id: str = ""
+    job_id: str = ""
+    task_id: str = ""
+    bundle: str = ""
+
+    async def admin(self, *parts, **kw):
+        status, body = await self.api(*parts, **kw)
+        assert status < 300, (parts, status, body)
+        return body
+
+    async def as_(self, who: str, *parts, **kw):
+        return await self.api(*parts, headers={"Authorization": self.auth[who]}, **kw)
+
+
+Fresh = Callable[[Ctx], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class Case:
+    """One verb of one route: how to call it and who gets what."""
+
+    path: Callable[[Ctx, dict[str, Any]], tuple[str, ...]]
+    ok: dict[str, int]  # role -> exact status; other roles 403
+    body: Callable[[Ctx, dict[str, Any]], Any] = lambda ctx, f: None
+    params: dict[str, str] | None = None
+    fresh: Fresh | None = None  # per-call objects, for calls that change state
+    unusable: dict[str, int] = field(default_factory=dict)  # overrides of 401
+
+
+def _all(status: int) -> dict[str, int]:
+    return dict.fromkeys(ROLES, status)
+
+
+def _read(status: int = 200) -> dict[str, int]:
+    return {"admin": status, "viewer": status, "submitter": status}
+
+
+def _lines() -> dict[str, Any]:
+    now = datetime.now(UTC).isoformat()
+    return {"seq": 0, "lines": [{"stream": "stdout", "ts": now, "text": "x"}]}
+
+
+def _registration(name: str) -> dict[str, Any]:
+    return {"name": name, "hostname": "h-" + name, "cpus": 2, "memory_bytes": 1 << 30,
+            "version": "test", "slots": 1000}  # fmt: skip
+
+
+async def _queued_job(ctx: Ctx) -> dict[str, Any]:
+    _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=UNPLACEABLE)
+    return {"job_id": job["id"]}
+
+
+async def _running_task(ctx: Ctx) -> dict[str, Any]:
+    _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=PLACEABLE)
+    status, got = await ctx.as_(
+        "worker", "workers", ctx.worker_id, "acquire", method="POST", params={"wait": "0"}
+    )
+    assert status == 200, got
+    (a,) = got["assignments"]
+    assert a["job_id"] == job["id"]
+    return {"task_id": a["task_id"]}
+
+
+async def _token(ctx: Ctx) -> dict[str, Any]:
+    name = fresh_name("victim")
+    await ctx.admin("tokens", method="POST", json_body={"name": name, "role": "viewer"})
+    return {"name": name}
+
+
+async def _name(ctx: Ctx) -> dict[str, Any]:
+    return {"name": fresh_name("n")}
+
+
+JOB = lambda c, f: ("jobs", c.job_id)  # noqa: E731
+H, W, T = handlers, worker_handlers, token_handlers
+
+#: handler class -> verb -> Case. Add new routes here.
+MATRIX: dict[type, dict[str, Case]] = {
+    H.HealthHandler: {
+        "get": Case(lambda c, f: ("health",), _all(200),
+                    unusable={"none": 200, "malformed": 200}),
+    },
+    H.JobsHandler: {
+        "get": Case(lambda c, f: ("jobs",), _read()),
+        "post": Case(lambda c, f: ("jobs",), {"admin": 201, "submitter": 201},
+                     body=lambda c, f: UNPLACEABLE),
+    },
+    H.JobHandler: {"get": Case(JOB, _read())},
+    H.JobWaitHandler: {
+        "get": Case(lambda c, f: (*JOB(c, f), "wait"), _read(204), params={"timeout": "0"}),
+    },
+    H.JobCancelHandler: {
+        "post": Case(lambda c, f: ("jobs", f["job_id"], "cancel"),
+                     {"admin": 200, "submitter": 200}, fresh=_queued_job),
+    },
+    H.JobEventsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "events"), _read())},
+    H.JobLogsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "logs"), _read())},
+    H.JobArtifactsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "artifacts"), _read())},
+    H.JobArtifactHandler: {
+        "get": Case(lambda c, f: (*JOB(c, f), "artifacts", "out.txt"), _read()),
+    },
+    H.BlobsHandler: {
+        "post": Case(lambda c, f: ("blobs",), {"admin": 201, "submitter": 201},
+                     body=lambda c, f: b"blob bytes"),
+    },
+    H.WorkersHandler: {"get": Case(lambda c, f: ("workers",), _read())},
+    W.RegisterHandler: {
+        "post": Case(lambda c, f: ("workers", "register"), {"admin": 200, "join": 200},
+                     body=lambda c, f: _registration(f["name"]), fresh=_name),
+    },
+    W.HeartbeatHandler: {
+        "post": Case(lambda c, f: ("workers", c.worker_id, "heartbeat"),
+                     {"admin": 200, "worker": 200},
+                     body=lambda c, f: {"running_tasks": [c.task_id]}),
+    },
+    W.AcquireHandler: {
+        "post": Case(lambda c, f: ("workers", c.worker_id, "acquire"),
+                     {"admin": 204, "worker": 204}, params={"wait": "0"}),
+    },
+    W.TaskLogsHandler: {
+        "post": Case(lambda c, f: ("tasks", c.task_id, "logs"), {"admin": 200, "worker": 200},
+                     body=lambda c, f: _lines()),
+    },
+    W.TaskArtifactHandler: {
+        "put": Case(lambda c, f: ("tasks", c.task_id, "artifacts", "more.txt"),
+                    {"admin": 201, "worker": 201}, body=lambda c, f: b"data"),
+    },
+    W.TaskCompleteHandler: {
+        "post": Case(lambda c, f: ("tasks", f["task_id"], "complete"),
+                     {"admin": 200, "worker": 200},
+                     body=lambda c, f: {"state": "succeeded", "exit_code": 0},
+                     fresh=_running_task),
+    },
+    W.BlobHandler: {
+        "get": Case(lambda c, f: ("blobs", c.bundle), {"admin": 200, "worker": 200}),
+    },
+    T.TokensHandler: {
+        "get": Case(lambda c, f: ("tokens",), {"admin": 200}),
+        "post": Case(lambda c, f: ("tokens",), {"admin": 201},
+                     body=lambda c, f: {"name": f["name"], "role": "viewer"}, fresh=_name),
+    },
+    T.TokenHandler: {
+        "delete": Case(lambda c, f: ("tokens", f["name"]), {"admin": 204}, fresh=_token),
+    },
+}  # fmt: skip
+
+
+def _verbs(handler: type) -> list[str]:
+    return [v for v in VERBS if getattr(handler, v) is not getattr(handlers.APIHandler, v)]
+
+
+def test_every_mounted_route_has_a_matrix_entry():
+    for path, handler in app.routes():
+        entry = MATRIX.get(handler)
+        assert entry is not None, f"route {path!r} ({handler.__name__}) has no MATRIX entry"
+        assert sorted(entry) == sorted(_verbs(handler)), (
+            f"{handler.__name__}: MATRIX covers {sorted(entry)}, the handler has"
+            f" {sorted(_verbs(handler))}"
+        )
+        for verb in _verbs(handler):
+            roles = getattr(getattr(handler, verb), "__gpulayer_roles__", None)
+            if handler is not handlers.HealthHandler:
+                assert roles is not None, f"{handler.__name__}.{verb} has no @requires"
+                expected = {r for r, s in entry[verb].ok.items() if s != 403}
+                assert roles == expected, (handler.__name__, verb, roles, expected)
+
+
+async def _setup(gl_api, admin_token: str) -> Ctx:
+    ctx = Ctx(api=gl_api)
+
+    async def token(role: str, name: str | None = None, **kw) -> str:
+        body = {"name": name or fresh_name(role), "role": role, **kw}
+        return (await ctx.admin("tokens", method="POST", json_body=body))["token"]
+
+    bootstrap = (await ctx.admin("tokens"))["tokens"]
+    assert {t["name"] for t in bootstrap} == {"admin", "join"}
+    ctx.auth = {
+        "admin": "Bearer " + admin_token,
+        "submitter": "Bearer " + await token("submitter"),
+        "viewer": "Bearer " + await token("viewer"),
+        "join": "Bearer " + await token("join"),
+        "none": "",
+        "unknown": "Bearer gl_" + "A" * 43,
+        "malformed": "Bearer not-a-gpulayer-token",
+    }
+    ctx.auth["revoked"] = "Bearer " + await token("viewer", "to-revoke")
+    await ctx.admin("tokens", "to-revoke", method="DELETE")
+    expiring = await token("viewer", expires="1ms")
+    ctx.auth["expired"] = "Bearer " + expiring
+    status, reg = await ctx.as_("join", "workers", "register", method="POST",
+                                json_body=_registration("mw"))  # fmt: skip
+    assert status == 200, reg
+    ctx.worker_id = reg["worker_id"]
+    ctx.auth["worker"] = "Bearer " + reg["token"]
+    _, ref = await ctx.as_("submitter", "blobs", method="POST", body=b"bundle bytes")
+    ctx.bundle = ref["sha256"]
+    _, job = await ctx.as_(
+        "submitter", "jobs", method="POST", json_body={**PLACEABLE, "bundle": ctx.bundle}
+    )
+    ctx.job_id = job["id"]
+    _, got = await ctx.as_(
+        "worker", "workers", ctx.worker_id, "acquire", method="POST", params={"wait": "0"}
+    )
+    ctx.task_id = got["assignments"][0]["task_id"]
+    status, _ = await ctx.as_(
+        "worker", "tasks", ctx.task_id, "artifacts", "out.txt", method="PUT", body=b"result"
+    )
+    assert status == 201
+    # the expired token: wait (by deadline, not a sleep) until the store calls it expired
+    for _ in range(1000):
+        if (await ctx.as_("expired", "health"))[0] == 401:
+            break
+    else:
+        raise AssertionError("the 1 ms token never expired")
+    return ctx
+
+
+async def test_route_role_matrix(gl_api, gl_data_dir):
+    ctx = await _setup(gl_api, (gl_data_dir / "admin.token").read_text().strip())
+    failures = []
+    for path, handler in app.routes():
+        for verb, case in MATRIX[handler].items():
+            for who in ROLES + UNUSABLE:
+                expected = (
+                    case.ok.get(who, 403)
+                    if who in ROLES
+                    else case.unusable.get(who, 401)
+                )  # fmt: skip
+                f = await case.fresh(ctx) if case.fresh else {}
+                body = case.body(ctx, f)
+                kw: dict[str, Any] = {"method": verb.upper(), "params": case.params}
+                if isinstance(body, bytes):
+                    kw["body"] = body
+                elif body is not None:
+                    kw["body"] = json.dumps(body)
+                status, answer = await ctx.as_(who, *case.path(ctx, f), **kw)
+                if status != expected:
+                    failures.append(f"{verb.upper()} {path} as {who}: {status}, not {expected}"
+                                    f" ({answer if isinstance(answer, dict) else '...'})")  # fmt: skip
+                elif status >= 400:
+                    assert answer["code"] in ("unauthenticated", "forbidden"), answer
+    assert not failures, "\n".join(failures)
