@@ -15,6 +15,7 @@ The connection comes from ``--url``/``--token``, else ``GPULAYER_URL`` /
 """
 
 import argparse
+import logging
 import os
 import shlex
 import signal
@@ -99,6 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", type=int, default=0)
     s.add_argument("--cpus", type=float, default=1.0)
     s.add_argument("--memory", help="host memory, e.g. 8GiB")
+    s.add_argument("--gpu-memory", metavar="SIZE", help="memory of each GPU, e.g. 40GiB")
+    s.add_argument("--gpu-model", metavar="REGEX", help="GPU name pattern, e.g. 'A100|H100'")
+    s.add_argument("--accelerator", choices=["cuda", "rocm", "mps", "cpu"])
+    s.add_argument("--min-compute-capability", metavar="X.Y", help="e.g. 8.0")
+    s.add_argument("--gpu-memory-kind", choices=["dedicated", "unified"])
+    s.add_argument(
+        "--selector",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="worker label that must match (repeatable)",
+    )
+    s.add_argument("--worker", metavar="NAME", help="run only on this worker")
+    s.add_argument(
+        "--profile", choices=list(contracts.PROFILES), help="a shorthand requirement set"
+    )
     s.add_argument("--timeout", type=_duration, help="e.g. 90s, 10m, 2h")
     s.add_argument("--retries", type=int, default=0)
     s.add_argument("--priority", type=int, default=0)
@@ -116,11 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--limit", type=int, default=50)
     jobs.set_defaults(func=_cmd_jobs)
 
-    for name, func, text in (("job", _cmd_job, "show one job, its tasks and events"),
-                             ("cancel", _cmd_cancel, "cancel a job")):  # fmt: skip
+    for name, func, text in (
+        ("job", _cmd_job, "show one job, its tasks and events"),
+        ("cancel", _cmd_cancel, "cancel a job"),
+        ("explain", _cmd_explain, "why a job runs where it does, or waits"),
+    ):
         p = sub.add_parser(name, parents=[conn], help=text)
         p.add_argument("job_id", metavar="ID")
         p.set_defaults(func=func)
+    for name, text in (("drain", "finish a worker's tasks, give it no new ones"),
+                       ("resume", "give a drained worker tasks again")):  # fmt: skip
+        p = sub.add_parser(name, parents=[conn], help=text)
+        p.add_argument("worker", metavar="NAME")
+        p.set_defaults(func=_cmd_drain)
 
     logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
     logs.add_argument("job_id", metavar="ID")
@@ -271,6 +297,8 @@ def _cmd_join(args: argparse.Namespace) -> int:
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label),
     )  # fmt: skip
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        stream=sys.stderr)  # fmt: skip
     try:
         return int(agent_main(cfg))
     except ValueError as e:  # e.g. a malformed GPULAYER_SIMULATED_GPUS
@@ -292,6 +320,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     job = client.submit(
         args.shell if args.shell else args.command,
         gpus=args.gpus, cpus=args.cpus, memory=args.memory, timeout=args.timeout,
+        gpu_memory=args.gpu_memory, gpu_model=args.gpu_model, accelerator=args.accelerator,
+        min_compute_capability=args.min_compute_capability,
+        gpu_memory_kind=args.gpu_memory_kind, selector=dict(args.selector),
+        worker=args.worker, profile=args.profile,
         retries=args.retries, name=args.name, env=dict(args.env), workdir=args.workdir,
         labels=dict(args.label), priority=args.priority, connection=conn,
     )  # fmt: skip
@@ -408,11 +440,31 @@ def _cmd_workers(args: argparse.Namespace) -> int:
         workers = conn.workers()
     rows = [
         (w.name, str(w.state), str(w.slots), str(len(w.running_tasks)), _devices(w.devices),
-         str(w.cpus), _bytes(w.memory_bytes),
+         _gpu_use(w), str(w.cpus), _bytes(w.memory_bytes),
          _age(w.last_heartbeat) + (" ago" if w.last_heartbeat else ""))
         for w in workers
     ]  # fmt: skip
-    _table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "CPUS", "MEMORY", "HEARTBEAT"), rows)
+    _table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "GPU USE", "CPUS", "MEMORY",
+            "HEARTBEAT"), rows)  # fmt: skip
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        p = conn.placement(args.job_id)
+    print(f"job {p.job_id} is {p.state}: {p.summary}")
+    rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
+             w.reason) for w in p.workers]  # fmt: skip
+    if rows:
+        _table(("WORKER", "FITS NOW", "COULD FIT", "WHY"), rows)
+    return 0 if p.satisfiable else 1
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        w = conn.drain(args.worker, resume=args.cmd == "resume")
+    running = f"; {len(w.running_tasks)} task(s) still running" if w.running_tasks else ""
+    print(f"worker {w.name} is {w.state}{running}")
     return 0
 
 
@@ -434,6 +486,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- rendering
+
+
+def _gpu_use(w: contracts.Worker) -> str:
+    """``0:35% 12.0GiB 1:-`` from the latest heartbeat ('-' while unknown)."""
+    if not w.gpus:
+        return "-"
+    parts = []
+    for g in w.gpus:
+        util = "-" if g.utilization_percent is None else f"{g.utilization_percent:.0f}%"
+        mem = "" if g.memory_used_bytes is None else f" {_bytes(g.memory_used_bytes)}"
+        parts.append(f"{g.index}:{util}{mem}")
+    return " ".join(parts)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "") -> None:

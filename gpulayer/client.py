@@ -330,6 +330,22 @@ class Connection:
         resp = self._request("POST", "blobs", content=data, expect=(201, 200))
         return self._parse(resp, contracts.BlobRef)
 
+    def placement(self, job_id: str) -> contracts.Placement:
+        """``GET jobs/{id}/placement``: where the job runs, or per worker why it waits."""
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/placement")
+        return self._parse(resp, contracts.Placement)
+
+    def drain(self, worker: str, *, resume: bool = False) -> contracts.Worker:
+        """``POST workers/{name}/drain`` (or ``resume``): stop giving the worker new tasks."""
+        action = "resume" if resume else "drain"
+        resp = self._request("POST", f"workers/{_seg(worker)}/{action}")
+        return self._parse(resp, contracts.Worker)
+
+    def telemetry(self, worker: str) -> contracts.Telemetry:
+        """``GET workers/{name}/telemetry``: the worker's recent readings."""
+        resp = self._request("GET", f"workers/{_seg(worker)}/telemetry")
+        return self._parse(resp, contracts.Telemetry)
+
     def workers(self) -> list[contracts.Worker]:
         """``GET workers``: every known worker with its devices and state."""
         return self._parse(self._request("GET", "workers"), contracts.WorkerList).workers
@@ -396,6 +412,14 @@ def submit(
     gpus: int = 0,
     cpus: float = 1,
     memory: str | int | None = None,
+    gpu_memory: str | int | None = None,
+    gpu_model: str | None = None,
+    accelerator: str | None = None,
+    min_compute_capability: str | None = None,
+    gpu_memory_kind: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    worker: str | None = None,
+    profile: str | None = None,
     timeout: str | float | None = None,
     retries: int = 0,
     name: str | None = None,
@@ -413,6 +437,15 @@ def submit(
         A string runs with ``/bin/sh -c``; a sequence is an argv run without a shell.
     gpus, cpus, memory
         What one task needs; ``memory`` like ``"8GiB"`` or a number of bytes.
+    gpu_memory, gpu_model, accelerator, min_compute_capability, gpu_memory_kind
+        What each reserved GPU must be: ``"40GiB"``, a name pattern like
+        ``"A100|H100"``, ``"cuda"``/``"rocm"``/``"mps"``/``"cpu"``, ``"8.0"``,
+        ``"dedicated"``/``"unified"``.
+    selector, worker
+        Worker labels that must match, or one worker by name.
+    profile
+        A shorthand such as ``"pytorch-cuda"`` (see ``contracts.PROFILES``);
+        explicit options win over it.
     timeout
         Seconds or a string like ``"10m"``; the job is ``timed_out`` after it.
     retries
@@ -448,7 +481,19 @@ def submit(
             **program,
             name=name,
             env=dict(env or {}),
-            resources={"gpus": gpus, "cpus": cpus, "memory": memory},
+            resources=_resources(
+                profile=profile,
+                gpus=gpus,
+                cpus=cpus,
+                memory=memory,
+                gpu_memory=gpu_memory,
+                gpu_model=gpu_model,
+                accelerator=accelerator,
+                worker=worker,
+                min_compute_capability=min_compute_capability,
+                gpu_memory_kind=gpu_memory_kind,
+                selector=dict(selector or {}),
+            ),
             timeout=timeout,
             retries=retries,
             priority=priority,
@@ -461,3 +506,13 @@ def submit(
     if data is not None:
         spec = spec.model_copy(update={"bundle": conn.upload_blob(data).sha256})
     return Job(conn, conn.submit(spec))
+
+
+def _resources(*, profile: str | None, gpus: int, cpus: float, **given: Any) -> dict[str, Any]:
+    """The ``resources`` body: with a profile, only what the caller set overrides it."""
+    res = {k: v for k, v in given.items() if v not in (None, {})}
+    if profile is None:
+        return {"gpus": gpus, "cpus": cpus, **res}
+    defaults = {"gpus": 0, "cpus": 1}
+    res.update({k: v for k, v in {"gpus": gpus, "cpus": cpus}.items() if v != defaults[k]})
+    return {"profile": profile, **res}
