@@ -8,13 +8,15 @@ the client turns the body back into the same class::
     ├── ConfigError            no control plane configured, bad config file
     ├── ValidationError        a request or option is malformed        (400)
     ├── AuthError              missing, unknown or expired token       (401)
-    │   └── Forbidden          the token's role may not do this        (403)
+    │   ├── Forbidden          the token's role may not do this        (403)
+    │   └── RateLimited        too many failed logins from one address (429)
     ├── NotFound               unknown job, worker, task, artifact     (404)
     ├── Conflict               the request does not fit the state      (409)
     │   └── InvalidTransition  e.g. cancel a job that already ended
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
+    │       └── CertificateMismatch  its TLS certificate is not the pinned one
     └── JobFailed              a job ended in failed / timed_out / lost / cancelled
 """
 
@@ -54,6 +56,18 @@ class Forbidden(AuthError):
     """The credentials are valid but may not do this."""
 
     code = "forbidden"
+
+
+class RateLimited(AuthError):
+    """Too many failed logins from this client address; try again later."""
+
+    code = "rate_limited"
+
+    def __init__(
+        self, message: str, *, retry_after_seconds: float = 0.0, field: str | None = None
+    ) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class NotFound(GpulayerError):
@@ -106,6 +120,15 @@ class ConnectionFailed(ApiError):
     code = "connection_failed"
 
 
+class CertificateMismatch(ConnectionFailed):
+    """The server's TLS certificate does not have the pinned SHA-256 fingerprint.
+
+    Nothing (no token, no body) was sent: the check runs right after the handshake.
+    """
+
+    code = "certificate_mismatch"
+
+
 class JobFailed(GpulayerError):
     """A job ended without succeeding.
 
@@ -145,6 +168,7 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         ValidationError,
         AuthError,
         Forbidden,
+        RateLimited,
         NotFound,
         Conflict,
         InvalidTransition,

@@ -19,14 +19,22 @@ from traitlets import Float, Int, Unicode, default, validate
 
 from gpulayer.contracts import API_PREFIX
 
-from . import handlers, worker_handlers
+from . import handlers, token_handlers, worker_handlers
 from .artifacts import BlobStore
-from .auth import ROLES, TokenService
+from .auth import LoginLimiter, TokenService
 from .scheduler import Scheduler
 from .store import Store
 from .streams import Notifier
 
 log = logging.getLogger("gpulayer")
+
+#: Roles the Jupyter server's own user may be given.
+JUPYTER_USER_ROLES = ("admin", "submitter", "viewer")
+
+
+def routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
+    """Every route the extension mounts (paths relative to the API prefix)."""
+    return handlers.ROUTES + worker_handlers.ROUTES + token_handlers.ROUTES
 
 
 @dataclass
@@ -71,7 +79,17 @@ class GpulayerApp(ExtensionApp):
     )
     max_log_batch_lines = Int(5000, help="Most lines in one log batch.").tag(config=True)
     jupyter_user_role = Unicode(
-        "admin", help="Role of requests authenticated by the Jupyter server itself."
+        "admin",
+        help="Role of requests authenticated by the Jupyter server itself"
+        " (admin, submitter or viewer).",
+    ).tag(config=True)
+    login_failures_allowed = Int(
+        10,
+        help="Failed token logins allowed per client address within"
+        " login_failure_window_seconds before answers are 429 (0: no limit).",
+    ).tag(config=True)
+    login_failure_window_seconds = Float(
+        60.0, help="Sliding window of the failed-login limit."
     ).tag(config=True)
 
     @default("data_dir")
@@ -84,8 +102,8 @@ class GpulayerApp(ExtensionApp):
 
     @validate("jupyter_user_role")
     def _valid_role(self, proposal: dict[str, Any]) -> str:
-        if proposal["value"] not in ROLES:
-            raise ValueError(f"jupyter_user_role must be one of {ROLES}")
+        if proposal["value"] not in JUPYTER_USER_ROLES:
+            raise ValueError(f"jupyter_user_role must be one of {JUPYTER_USER_ROLES}")
         return proposal["value"]
 
     def initialize_settings(self) -> None:
@@ -97,7 +115,7 @@ class GpulayerApp(ExtensionApp):
     def initialize_handlers(self) -> None:
         """Mount the route tables under the API prefix."""
         prefix = API_PREFIX.lstrip("/")
-        for path, handler in handlers.ROUTES + worker_handlers.ROUTES:
+        for path, handler in routes():
             self.handlers.append((rf"/{prefix}/{path}/?", handler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
@@ -105,7 +123,8 @@ class GpulayerApp(ExtensionApp):
         data = Path(self.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         store = await Store(self.db_path).open()
-        tokens = TokenService(store)
+        limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
+        tokens = TokenService(store, limiter=limiter)
         await tokens.bootstrap(data)
         notifier = Notifier()
         blobs = BlobStore(data / "blobs")

@@ -1,16 +1,30 @@
-"""gpulayer tokens and principals.
+"""gpulayer tokens, roles, principals and the failed-login limiter.
 
 Tokens are ``gl_`` plus 43 random URL-safe characters (so secret scanners can
-find leaked ones), shown once and stored only as their SHA-256. A request is
-made by a :class:`Principal`: either the holder of a bearer token, or the
-Jupyter server's own authenticated user, who gets the role
+find leaked ones), shown once and stored only as their SHA-256, and compared in
+constant time. A request is made by a :class:`Principal`: either the holder of a
+bearer token, or the Jupyter server's own authenticated user, who gets the role
 ``GpulayerApp.jupyter_user_role``.
 
-Roles: ``admin`` may do everything; ``join`` may only register workers;
-``worker`` may only call the worker routes for itself. (Scoped ``submitter`` and
-``viewer`` roles come with the security work.)
+Roles (``requires`` always admits ``admin``):
+
+=============  ============================================================
+``admin``      everything, including tokens
+``submitter``  submit jobs and upload bundles; see, follow and cancel only its
+               own jobs (owner = the token's name), their logs and artifacts
+``viewer``     every read route, nothing that changes state
+``join``       register workers (reusable, or single-use, with expiry)
+``worker``     issued at registration; only its own worker and tasks
+=============  ============================================================
+
+Revocation is immediate: the next request with the token is 401, and a long
+poll that is open when it is revoked (or expires) ends with 401 at once
+(:meth:`TokenService.until_invalid`). Failed logins are counted per client
+address (:class:`LoginLimiter`); over the limit, every token from that address
+is refused with 429 until the window has passed.
 """
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -18,16 +32,21 @@ import os
 import secrets
 import time
 import uuid
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpulayer.errors import AuthError, Forbidden
+from gpulayer.contracts import CreatedToken, CreateToken, Token
+from gpulayer.errors import AuthError, Conflict, Forbidden, NotFound, RateLimited
 
 from .store import Store
 
-ROLES = ("admin", "join", "worker")
+ROLES = ("admin", "submitter", "viewer", "join", "worker")
+#: Roles an admin may mint; ``worker`` tokens come only from registration.
+MINTABLE_ROLES = ("admin", "submitter", "viewer", "join")
 TOKEN_PREFIX = "gl_"
 
 
@@ -39,6 +58,8 @@ class Principal:
     role: str
     token_id: str | None = None
     worker_id: str | None = None
+    expires_at: float | None = None
+    single_use: bool = False
 
 
 def hash_token(token: str) -> str:
@@ -46,12 +67,87 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class TokenService:
-    """Create and resolve tokens against the store."""
+class LoginLimiter:
+    """Failed logins per client address in a sliding window (in memory).
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    Parameters
+    ----------
+    failures
+        Failed attempts allowed from one address within ``window_seconds``; the
+        next attempt (with any token, even a valid one) is refused until the
+        oldest failure leaves the window. ``0`` turns the limiter off.
+    clock
+        Monotonic seconds; tests inject their own.
+    max_addresses
+        Addresses remembered at most (the least recently failing are forgotten).
+    """
+
+    def __init__(
+        self,
+        failures: int = 10,
+        window_seconds: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_addresses: int = 10000,
+    ) -> None:
+        self.failures = failures
+        self.window_seconds = window_seconds
+        self.clock = clock
+        self.max_addresses = max_addresses
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str) -> deque[float]:
+        times = self._seen.get(address, deque())
+        horizon = self.clock() - self.window_seconds
+        while times and times[0] <= horizon:
+            times.popleft()
+        return times
+
+    def check(self, address: str) -> None:
+        """Refuse an address that failed too often.
+
+        Raises
+        ------
+        RateLimited
+            With the seconds until the next attempt is accepted.
+        """
+        if self.failures <= 0:
+            return
+        times = self._recent(address)
+        if len(times) >= self.failures:
+            wait = max(1.0, times[0] + self.window_seconds - self.clock())
+            raise RateLimited(
+                f"too many failed logins from {address}; try again in {wait:.0f}s",
+                retry_after_seconds=wait,
+            )
+
+    def failed(self, address: str) -> None:
+        """Count one failed login from ``address``."""
+        if self.failures <= 0:
+            return
+        times = self._recent(address)
+        times.append(self.clock())
+        self._seen[address] = times
+        self._seen.move_to_end(address)
+        while len(self._seen) > self.max_addresses:
+            self._seen.popitem(last=False)
+
+
+class TokenService:
+    """Create, resolve, list and revoke tokens against the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        limiter: LoginLimiter | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.limiter = limiter or LoginLimiter(failures=0)
+        self._watchers: dict[str, set[asyncio.Future[str]]] = defaultdict(set)
+
+    # ------------------------------------------------------------- minting
 
     async def create(
         self,
@@ -60,6 +156,7 @@ class TokenService:
         *,
         worker_id: str | None = None,
         expires_at: float | None = None,
+        single_use: bool = False,
     ) -> str:
         """Mint a token; returns the plaintext, which is not stored."""
         if role not in ROLES:
@@ -75,37 +172,151 @@ class TokenService:
                 "expires_at": expires_at,
                 "revoked_at": None,
                 "worker_id": worker_id,
+                "single_use": int(single_use),
             }
         )
         return token
 
-    async def resolve(self, token: str) -> Principal:
+    async def mint(self, req: CreateToken) -> CreatedToken:
+        """``POST tokens``: a named token; 409 while another active one has the name."""
+        if any(self._state(r) == "active" for r in await self.store.tokens_named(req.name)):
+            raise Conflict(
+                f"an active token named {req.name!r} exists; revoke it first", field="name"
+            )
+        expires_at = None if req.expires is None else self.clock() + req.expires
+        token = await self.create(
+            req.name, req.role, expires_at=expires_at, single_use=req.single_use
+        )
+        row = await self.store.token_by_hash(hash_token(token))
+        assert row is not None
+        return CreatedToken(**self._model(row).model_dump(), token=token)
+
+    # ----------------------------------------------------------- resolving
+
+    async def resolve(self, token: str, address: str | None = None) -> Principal:
         """The principal of a bearer token.
 
         Raises
         ------
+        RateLimited
+            When ``address`` failed too often recently (checked before the token).
         AuthError
-            For an unknown, revoked or expired token.
+            For an unknown, revoked, used or expired token (counted against ``address``).
         """
+        if address is not None:
+            self.limiter.check(address)
+        try:
+            return await self._resolve(token)
+        except AuthError:
+            if address is not None:
+                self.limiter.failed(address)
+            raise
+
+    async def _resolve(self, token: str) -> Principal:
         digest = hash_token(token)
         row = await self.store.token_by_hash(digest)
         # The lookup is by hash; compare again in constant time all the same.
         if row is None or not hmac.compare_digest(row["hash"], digest):
             raise AuthError("unknown gpulayer token")
-        if row["revoked_at"] is not None:
-            raise AuthError(f"token {row['name']!r} was revoked")
-        if row["expires_at"] is not None and row["expires_at"] <= self.clock():
-            raise AuthError(f"token {row['name']!r} has expired")
+        state = self._state(row)
+        if state != "active":
+            raise AuthError(f"token {row['name']!r} {_STATE_TEXT[state]}")
         return Principal(
-            name=row["name"], role=row["role"], token_id=row["id"], worker_id=row["worker_id"]
+            name=row["name"],
+            role=row["role"],
+            token_id=row["id"],
+            worker_id=row["worker_id"],
+            expires_at=row["expires_at"],
+            single_use=bool(row["single_use"]),
         )
 
+    async def use(self, principal: Principal) -> None:
+        """Consume a single-use token (a no-op for reusable ones).
+
+        Raises
+        ------
+        AuthError
+            When a concurrent request used it first.
+        """
+        if (
+            principal.single_use
+            and principal.token_id is not None
+            and not await self.store.use_token(principal.token_id, self.clock())
+        ):
+            raise AuthError(f"token {principal.name!r} was already used")
+
+    async def until_invalid(self, principal: Principal) -> str:
+        """Wait until ``principal``'s token is revoked or expires; returns why.
+
+        Waits forever for a principal without a token (the Jupyter user).
+        """
+        token_id = principal.token_id
+        if token_id is None:
+            await asyncio.Event().wait()
+        assert token_id is not None
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._watchers[token_id].add(fut)
+        try:
+            # Registered first, then re-read: a revoke in between is not missed.
+            row = await self.store.token_by_id(token_id)
+            if row is None or self._state(row) != "active":
+                return f"token {principal.name!r} is no longer valid"
+            timeout = None
+            if principal.expires_at is not None:
+                timeout = max(0.0, principal.expires_at - self.clock())
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                return f"token {principal.name!r} has expired"
+        finally:
+            waiters = self._watchers.get(token_id)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    del self._watchers[token_id]
+
+    # ------------------------------------------------- listing and revoking
+
+    async def records(self) -> list[Token]:
+        """Every token record (never a secret), oldest first."""
+        return [self._model(r) for r in await self.store.list_tokens()]
+
+    async def revoke(self, name: str) -> list[Token]:
+        """Revoke every active token named ``name``; open long polls of them end.
+
+        Raises
+        ------
+        NotFound
+            When no active token has that name.
+        """
+        rows = [r for r in await self.store.tokens_named(name) if self._state(r) == "active"]
+        if not rows:
+            raise NotFound(f"no active token named {name!r}")
+        await self._revoke([r["id"] for r in rows], f"token {name!r} was revoked")
+        return [self._model(r) for r in await self.store.tokens_named(name)]
+
+    async def revoke_worker(self, worker_id: str) -> None:
+        """Revoke a worker's session tokens (it registered again)."""
+        ids = await self.store.worker_token_ids(worker_id)
+        if ids:
+            await self._revoke(ids, "the worker registered again with a new token")
+
+    async def _revoke(self, token_ids: list[str], why: str) -> None:
+        await self.store.revoke_tokens(token_ids, self.clock())
+        for token_id in token_ids:
+            for fut in self._watchers.pop(token_id, ()):
+                if not fut.done():
+                    fut.set_result(why)
+
+    # ------------------------------------------------------------ bootstrap
+
     async def bootstrap(self, data_dir: Path) -> None:
-        """Make sure ``admin.token`` and ``join.token`` exist in the data dir.
+        """Make sure ``admin.token`` and ``join.token`` hold active tokens.
 
         The first start of a control plane mints both and writes them (mode 0600)
         for ``gpulayer up`` and the user to read; later starts keep them, and
-        re-mint a file whose token the store does not know (a replaced database).
+        re-mint a file whose token the store does not know or no longer accepts
+        (a replaced database, a revoked bootstrap token).
         """
         for filename, name, role in (
             ("admin.token", "admin", "admin"),
@@ -114,12 +325,43 @@ class TokenService:
             path = data_dir / filename
             if path.is_file():
                 known = await self.store.token_by_hash(hash_token(path.read_text().strip()))
-                if known is not None:
+                if known is not None and self._state(known) == "active":
                     continue
             token = await self.create(name, role)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")
+
+    # -------------------------------------------------------------- helpers
+
+    def _state(self, row: Any) -> str:
+        if row["used_at"] is not None:
+            return "used"
+        if row["revoked_at"] is not None:
+            return "revoked"
+        if row["expires_at"] is not None and row["expires_at"] <= self.clock():
+            return "expired"
+        return "active"
+
+    def _model(self, row: Any) -> Token:
+        return Token(
+            id=row["id"],
+            name=row["name"],
+            role=row["role"],
+            state=self._state(row),  # type: ignore[arg-type]
+            created_at=_dt(row["created_at"]),
+            expires_at=_dt(row["expires_at"]),
+            revoked_at=_dt(row["revoked_at"]),
+            single_use=bool(row["single_use"]),
+            worker_id=row["worker_id"],
+        )
+
+
+_STATE_TEXT = {"used": "was already used", "revoked": "was revoked", "expired": "has expired"}
+
+
+def _dt(ts: float | None) -> Any:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -141,6 +383,9 @@ def requires(
     ``admin`` is always allowed. The handler's ``prepare`` has resolved
     ``self.principal`` (bearer token or Jupyter user) before the verb runs.
     """
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}")
     allowed = frozenset(roles) | {"admin"}
 
     def decorator(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

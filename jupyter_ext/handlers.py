@@ -40,6 +40,7 @@ from gpulayer.errors import (
     InvalidTransition,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     ValidationError,
 )
 
@@ -55,6 +56,7 @@ STATUS: dict[type[GpulayerError], int] = {
     ValidationError: 400,
     AuthError: 401,
     Forbidden: 403,
+    RateLimited: 429,
     NotFound: 404,
     Conflict: 409,
     InvalidTransition: 409,
@@ -130,7 +132,7 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
                 raise web.HTTPError(503, "gpulayer is still starting") from e
         token = bearer_token(self.request.headers.get("Authorization"))
         if token is not None:
-            self.principal = await self.gl.tokens.resolve(token)
+            self.principal = await self.gl.tokens.resolve(token, self.request.remote_ip)
         await super().prepare()
         user = self.current_user
         # The Jupyter user (Lab, a hub cookie, Jupyter's own token) gets the configured role.
@@ -145,10 +147,21 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         return "read" if self.request.method in ("GET", "HEAD") else "write"
 
     def check_xsrf_cookie(self) -> None:
-        """Requests with a valid gpulayer bearer token carry no cookie to forge."""
+        """Requests with a valid gpulayer bearer token carry no cookie to forge, and a
+        request Jupyter did not authenticate has no session to forge (it gets 401)."""
         if self.principal is not None and self.principal.token_id is not None:
             return None
+        if getattr(self, "_jupyter_current_user", "unset") is None:
+            return None
         return super().check_xsrf_cookie()
+
+    async def visible_job(self, job_id: str) -> None:
+        """Refuse a submitter another owner's job, as if it did not exist (404)."""
+        p = self.principal
+        if p is not None and p.role == "submitter":
+            row = await self.gl.store.get_job(job_id)
+            if row is None or row["owner"] != p.name:
+                raise NotFound(f"no job with id {job_id!r}")
 
     # ---------------------------------------------------------- parsing
 
@@ -202,8 +215,9 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         self.finish()
 
     async def long_poll(self, work: Awaitable[T]) -> T | None:
-        """Run a wait that ends early if the client disconnects."""
-        self._wait_task = asyncio.ensure_future(work)
+        """Run a wait that ends early if the client disconnects, and with 401 the
+        moment the request's token is revoked or expires."""
+        self._wait_task = asyncio.ensure_future(self._unless_revoked(work))
         try:
             return await self._wait_task
         except asyncio.CancelledError:
@@ -212,6 +226,21 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             raise
         finally:
             self._wait_task = None
+
+    async def _unless_revoked(self, work: Awaitable[T]) -> T:
+        job = asyncio.ensure_future(work)
+        if self.principal is None or self.principal.token_id is None:
+            return await job
+        guard = asyncio.ensure_future(self.gl.tokens.until_invalid(self.principal))
+        try:
+            await asyncio.wait({job, guard}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (job, guard):
+                if not t.done():
+                    t.cancel()
+        if job.done() and not job.cancelled():
+            return job.result()
+        raise AuthError(guard.result())
 
     def on_connection_close(self) -> None:
         """Stop waiting for a client that went away."""
@@ -243,6 +272,8 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             body = ErrorBody(code="internal", message="internal error; see the server log")
         if status_code == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="gpulayer"')
+        if isinstance(exc, RateLimited):
+            self.set_header("Retry-After", str(max(1, round(exc.retry_after_seconds))))
         self.set_header("Content-Type", "application/json")
         self.finish(body.model_dump_json())
 
@@ -263,7 +294,7 @@ class JobsHandler(GpulayerAPIHandler):
     """``POST jobs`` submits; ``GET jobs`` lists."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self) -> None:
         """List jobs, newest first (``state``, ``limit``)."""
         state = self.get_query_argument("state", None)
@@ -275,10 +306,12 @@ class JobsHandler(GpulayerAPIHandler):
                 field="state",
             ) from e
         limit = self.int_arg("limit", 100, 1, 10000)
-        self.reply(JobList(jobs=await self.gl.scheduler.list_jobs(st, limit)))
+        p = self.principal
+        owner = p.name if p is not None and p.role == "submitter" else None
+        self.reply(JobList(jobs=await self.gl.scheduler.list_jobs(st, limit, owner)))
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("submitter")
     async def post(self) -> None:
         """Submit a ``JobSpec``; 201 with the job and its ``Location``."""
         spec = self.parse(JobSpec)
@@ -292,9 +325,10 @@ class JobHandler(GpulayerAPIHandler):
     """``GET jobs/{id}``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """One job with tasks and pending reasons."""
+        await self.visible_job(job_id)
         self.reply(await self.gl.scheduler.get_job(job_id))
 
 
@@ -302,9 +336,10 @@ class JobWaitHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/wait?timeout=S``: long poll until the job ends."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """200 with the ended job, or 204 when the hold ran out."""
+        await self.visible_job(job_id)
         hold = self.gl.config.long_poll_seconds
         timeout = self.float_arg("timeout", hold, hold)
         job = await self.long_poll(self.gl.scheduler.wait(job_id, timeout))
@@ -318,9 +353,10 @@ class JobCancelHandler(GpulayerAPIHandler):
     """``POST jobs/{id}/cancel``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("submitter")
     async def post(self, job_id: str) -> None:
         """Cancel; 409 when the job already ended."""
+        await self.visible_job(job_id)
         assert self.principal is not None
         self.reply(await self.gl.scheduler.cancel(job_id, by=self.principal.name))
 
@@ -329,9 +365,10 @@ class JobEventsHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/events``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """Every state change, oldest first."""
+        await self.visible_job(job_id)
         self.reply(EventList(events=await self.gl.scheduler.events(job_id)))
 
 
@@ -339,9 +376,10 @@ class JobLogsHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/logs?offset=&limit=&wait=``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """Lines from ``offset``; with ``wait`` a long poll for the next ones."""
+        await self.visible_job(job_id)
         offset = self.int_arg("offset", 0, 0, 2**62)
         limit = self.int_arg("limit", 1000, 1, 10000)
         wait = self.float_arg("wait", 0.0, self.gl.config.long_poll_seconds)
@@ -354,9 +392,10 @@ class JobArtifactsHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/artifacts``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """The job's artifacts."""
+        await self.visible_job(job_id)
         self.reply(ArtifactList(artifacts=await self.gl.scheduler.artifacts(job_id)))
 
 
@@ -364,9 +403,10 @@ class JobArtifactHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/artifacts/{name}``: the file's bytes."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self, job_id: str, name: str) -> None:
         """Send the artifact as a download."""
+        await self.visible_job(job_id)
         art = await self.gl.scheduler.artifact(job_id, name)
         data = await self.gl.blobs.read(art.sha256)
         self.set_header(
@@ -385,7 +425,7 @@ class BlobsHandler(GpulayerAPIHandler):
         return self.settings["gpulayer"].config.max_blob_bytes
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("submitter")
     async def post(self) -> None:
         """Store the body by content."""
         sha, size = await self.gl.blobs.put(self.request.body)
@@ -397,10 +437,41 @@ class WorkersHandler(GpulayerAPIHandler):
     """``GET workers``."""
 
     @allow_unauthenticated
-    @requires("admin")
+    @requires("viewer", "submitter")
     async def get(self) -> None:
         """Every worker with its state and running tasks."""
         self.reply(WorkerList(workers=await self.gl.scheduler.workers()))
+
+
+class JobPlacementHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/placement``: where it runs, or per worker why it waits."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def get(self, job_id: str) -> None:
+        """Answer ``Placement``."""
+        await self.visible_job(job_id)
+        self.reply(await self.gl.scheduler.placement(job_id))
+
+
+class WorkerDrainHandler(GpulayerAPIHandler):
+    """``POST workers/{name}/drain`` and ``workers/{name}/resume``."""
+
+    @allow_unauthenticated
+    @requires("admin")
+    async def post(self, name: str, action: str) -> None:
+        """Drain (finish running tasks, take no new ones) or resume a worker."""
+        self.reply(await self.gl.scheduler.drain(name, draining=action == "drain"))
+
+
+class WorkerTelemetryHandler(GpulayerAPIHandler):
+    """``GET workers/{name}/telemetry``: the recent heartbeat readings."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def get(self, name: str) -> None:
+        """Answer ``Telemetry``."""
+        self.reply(await self.gl.scheduler.telemetry(name))
 
 
 _ID = r"(?P<{}>[^/]+)"
@@ -419,4 +490,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (rf"jobs/{JOB}/artifacts/(?P<name>.+)", JobArtifactHandler),
     (r"blobs", BlobsHandler),
     (r"workers", WorkersHandler),
+    (rf"jobs/{JOB}/placement", JobPlacementHandler),
+    (r"workers/(?!register$)(?P<name>[^/]+)/(?P<action>drain|resume)", WorkerDrainHandler),
+    (r"workers/(?P<name>[^/]+)/telemetry", WorkerTelemetryHandler),
 ]

@@ -15,7 +15,7 @@ from gpulayer.contracts import (
     TaskCompletion,
     WorkerRegistration,
 )
-from gpulayer.errors import Forbidden, NotFound, ValidationError
+from gpulayer.errors import Forbidden, NotFound, PayloadTooLarge, ValidationError
 
 from .auth import requires
 from .handlers import GpulayerAPIHandler
@@ -41,6 +41,8 @@ class RegisterHandler(WorkerRouteHandler):
     async def post(self) -> None:
         """Admit the worker; answers its own token."""
         reg = self.parse(WorkerRegistration)
+        assert self.principal is not None
+        await self.gl.tokens.use(self.principal)  # a single-use join token is spent now
         self.reply(await self.gl.scheduler.register(reg))
 
 
@@ -82,7 +84,7 @@ class TaskLogsHandler(WorkerRouteHandler):
         """Store the batch; answer how many lines the task now has."""
         batch = self.parse(LogBatch)
         if len(batch.lines) > self.gl.config.max_log_batch_lines:
-            raise ValidationError(
+            raise PayloadTooLarge(
                 f"a log batch holds at most {self.gl.config.max_log_batch_lines} lines",
                 field="lines",
             )
@@ -133,6 +135,11 @@ class BlobHandler(WorkerRouteHandler):
     async def get(self, sha256: str) -> None:
         """Send the blob's bytes."""
         blobs = self.gl.blobs
+        p = self.principal
+        if p is not None and p.role == "worker":
+            assert p.worker_id is not None
+            if not await self.gl.store.worker_has_bundle(p.worker_id, sha256):
+                raise Forbidden("a worker token may only read the bundles of its own tasks")
         if not blobs.exists(sha256):
             raise NotFound(f"no blob {sha256!r}")
         self.finish(await blobs.read(sha256), set_content_type="application/octet-stream")

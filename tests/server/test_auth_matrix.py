@@ -23,7 +23,7 @@ ROLES = ("admin", "submitter", "viewer", "join", "worker")
 UNUSABLE = ("none", "expired", "revoked", "unknown", "malformed")
 VERBS = ("get", "post", "put", "delete", "patch")
 UNPLACEABLE = {"command": ["true"], "resources": {"gpus": 8}}  # the worker has no GPUs
-PLACEABLE = {"command": ["true"], "resources": {"cpus": 0.01}}
+PLACEABLE = {"command": ["true"], "resources": {"cpus": 0.01, "worker": "mw"}}
 
 _names = itertools.count()
 
@@ -117,6 +117,15 @@ async def _token(ctx: Ctx) -> dict[str, Any]:
     return {"name": name}
 
 
+async def _worker(ctx: Ctx) -> dict[str, Any]:
+    name = fresh_name("w")
+    status, _ = await ctx.as_(
+        "join", "workers", "register", method="POST", json_body=_registration(name)
+    )
+    assert status == 200
+    return {"worker": name}
+
+
 async def _name(ctx: Ctx) -> dict[str, Any]:
     return {"name": fresh_name("n")}
 
@@ -154,6 +163,14 @@ MATRIX: dict[type, dict[str, Case]] = {
                      body=lambda c, f: b"blob bytes"),
     },
     H.WorkersHandler: {"get": Case(lambda c, f: ("workers",), _read())},
+    H.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
+    H.WorkerDrainHandler: {
+        "post": Case(lambda c, f: ("workers", f["worker"], "drain"), {"admin": 200},
+                     fresh=_worker),
+    },
+    H.WorkerTelemetryHandler: {
+        "get": Case(lambda c, f: ("workers", "mw", "telemetry"), _read()),
+    },
     W.RegisterHandler: {
         "post": Case(lambda c, f: ("workers", "register"), {"admin": 200, "join": 200},
                      body=lambda c, f: _registration(f["name"]), fresh=_name),
@@ -183,6 +200,14 @@ MATRIX: dict[type, dict[str, Case]] = {
     },
     W.BlobHandler: {
         "get": Case(lambda c, f: ("blobs", c.bundle), {"admin": 200, "worker": 200}),
+    },
+    H.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
+    H.WorkerDrainHandler: {
+        # `resume` on the matrix's own worker: it must keep taking the matrix's tasks.
+        "post": Case(lambda c, f: ("workers", "mw", "resume"), {"admin": 200}),
+    },
+    H.WorkerTelemetryHandler: {
+        "get": Case(lambda c, f: ("workers", "mw", "telemetry"), _read()),
     },
     T.TokensHandler: {
         "get": Case(lambda c, f: ("tokens",), {"admin": 200}),
@@ -269,6 +294,7 @@ async def test_route_role_matrix(gl_api, gl_data_dir):
     ctx = await _setup(gl_api, (gl_data_dir / "admin.token").read_text().strip())
     failures = []
     for path, handler in app.routes():
+        assert handler in MATRIX, f"add {handler.__name__} ({path}) to MATRIX"
         for verb, case in MATRIX[handler].items():
             for who in ROLES + UNUSABLE:
                 expected = (
@@ -285,8 +311,9 @@ async def test_route_role_matrix(gl_api, gl_data_dir):
                     kw["body"] = json.dumps(body)
                 status, answer = await ctx.as_(who, *case.path(ctx, f), **kw)
                 if status != expected:
+                    detail = answer if isinstance(answer, dict) else "..."
                     failures.append(f"{verb.upper()} {path} as {who}: {status}, not {expected}"
-                                    f" ({answer if isinstance(answer, dict) else '...'})")  # fmt: skip
+                                    f" ({detail})")  # fmt: skip
                 elif status >= 400:
                     assert answer["code"] in ("unauthenticated", "forbidden"), answer
     assert not failures, "\n".join(failures)
