@@ -3,7 +3,9 @@
 The client packs a directory (skipping caches and virtual environments), uploads it
 as a blob and puts its sha256 in the job spec; the worker downloads the blob once and
 unpacks it into each task directory with Python's ``data`` extraction filter, which
-refuses absolute paths, ``..``, links that leave the directory and device files.
+refuses ``..``, links that leave the directory and device files; absolute paths are
+refused too, and so is a bundle that would unpack to too many files or bytes (a
+decompression bomb), all before anything is written.
 """
 
 import io
@@ -30,6 +32,10 @@ SKIPPED_DIRS = frozenset(
 )
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+#: Limits on what a bundle may unpack to (a decompression bomb stops here);
+#: a worker reads its own from ``GPULAYER_MAX_BUNDLE_BYTES`` / ``GPULAYER_MAX_BUNDLE_FILES``.
+DEFAULT_MAX_EXTRACTED_BYTES = 4 * 1024 * 1024 * 1024
+DEFAULT_MAX_MEMBERS = 100_000
 
 
 def pack(directory: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -63,18 +69,67 @@ def pack(directory: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTE
     return buf.getvalue()
 
 
-def unpack(data: bytes, destination: str | os.PathLike[str]) -> None:
+def unpack(
+    data: bytes,
+    destination: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
+    max_members: int | None = None,
+) -> None:
     """Safely extract a bundle into ``destination``.
+
+    Every member is checked before anything is written: Python's ``data``
+    filter (no absolute paths, no ``..``, no links leaving ``destination``, no
+    device files or FIFOs), at most ``max_members`` members, and at most
+    ``max_bytes`` bytes once unpacked. Defaults come from the environment
+    (``GPULAYER_MAX_BUNDLE_BYTES``, ``GPULAYER_MAX_BUNDLE_FILES``), else
+    :data:`DEFAULT_MAX_EXTRACTED_BYTES` and :data:`DEFAULT_MAX_MEMBERS`.
 
     Raises
     ------
     ValidationError
-        If the archive is not a tar.gz or a member would escape ``destination``.
+        If the archive is not a tar(.gz) or a member is unsafe.
+    PayloadTooLarge
+        If it would unpack to more members or bytes than allowed.
     """
+    max_bytes = _limit(max_bytes, "GPULAYER_MAX_BUNDLE_BYTES", DEFAULT_MAX_EXTRACTED_BYTES)
+    max_members = _limit(max_members, "GPULAYER_MAX_BUNDLE_FILES", DEFAULT_MAX_MEMBERS)
     dest = Path(destination)
     dest.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            tar.extractall(dest, filter="data")
+            members, total = [], 0
+            for member in tar:  # headers only; file data is skipped, not written
+                if member.name.startswith(("/", "\\")) or os.path.isabs(member.name):
+                    # the data filter would strip the slash; a bundle never has one
+                    raise ValidationError(
+                        f"unsafe source bundle: {member.name!r} is an absolute path",
+                        field="bundle",
+                    )
+                members.append(tarfile.data_filter(member, str(dest)))
+                total += member.size
+                if len(members) > max_members:
+                    raise PayloadTooLarge(
+                        f"source bundle has more than {max_members} files", field="bundle"
+                    )
+                if total > max_bytes:
+                    raise PayloadTooLarge(
+                        f"source bundle unpacks to more than {max_bytes} bytes", field="bundle"
+                    )
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.FilterError as e:
+        raise ValidationError(f"unsafe source bundle: {e}", field="bundle") from e
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ValidationError(f"bad source bundle: {e}", field="bundle") from e
+
+
+def _limit(value: int | None, env: str, default: int) -> int:
+    if value is not None:
+        return value
+    raw = os.environ.get(env)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValidationError(f"{env}={raw!r} is not a whole number of bytes or files") from e
