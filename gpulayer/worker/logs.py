@@ -6,6 +6,7 @@ is stored once, and a follower sees every line once, in order (docs/api.md).
 """
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -41,7 +42,7 @@ class LogShipper:
         self._arrived = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._urgent = False
+        self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
 
     def add(self, stream: c.LogStream, text: str, ts: datetime) -> None:
@@ -57,7 +58,7 @@ class LogShipper:
 
     async def flush(self) -> None:
         """Wait until every line queued so far is acknowledged (or given up on)."""
-        self._urgent = True  # from now on nothing is worth waiting for
+        self._urgent.set()  # from now on nothing is worth waiting for
         self._arrived.set()
         await self._drained.wait()
 
@@ -73,8 +74,10 @@ class LogShipper:
         while not self._stopped:
             await self._arrived.wait()
             self._arrived.clear()
-            if self._unacked and not self._urgent and len(self._unacked) < MAX_BATCH_LINES:
-                await asyncio.sleep(self._batch_seconds)  # gather the lines of a burst
+            if self._unacked and len(self._unacked) < MAX_BATCH_LINES:
+                # Gather the lines of a burst, unless a flush wants them now.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), self._batch_seconds)
             while self._unacked and not self._stopped:
                 try:
                     await self._ship_one()
