@@ -33,7 +33,7 @@ class Clock:
 @pytest.fixture
 def world(tmp_path):
     @contextlib.asynccontextmanager
-    async def make():
+    async def make(**kw):
         clock = Clock()
         store = await Store(tmp_path / "gl.db").open()
         try:
@@ -46,6 +46,7 @@ def world(tmp_path):
                     heartbeat_seconds=1.0,
                     lease_seconds=10.0,
                     clock=clock,
+                    **kw,
                 ),
                 clock,
             )
@@ -282,5 +283,120 @@ def test_concurrent_writers_share_the_one_connection_safely(world):
                 page = await sched.logs(job.id, 0, 100, 0)
                 assert len(page.lines) == 5
                 assert [ln.offset for ln in page.lines] == list(range(5))
+
+    run(body())
+
+
+def test_a_job_that_waited_too_long_stops_backfill_on_workers_that_could_run_it(world):
+    async def body():
+        async with world(aging_seconds=60) as (sched, clock):
+            r = await sched.register(reg("box", gpus=2, slots=4))
+            hold = await sched.submit(spec(resources={"gpus": 1}), "u")
+            big = await sched.submit(spec(resources={"gpus": 2}), "u")
+            small = await sched.submit(spec(resources={"gpus": 1}), "u")
+            # Young: the small job backfills past the big one onto the free GPU.
+            assert (await sched.get_job(small.id)).state == "scheduled"
+            got = await sched.acquire(r.worker_id, 0)
+            by_job = {a.job_id: a.task_id for a in got.assignments}
+            await sched.complete(
+                as_worker(r), by_job[small.id], TaskCompletion(state="succeeded", exit_code=0)
+            )
+            clock.now += 61  # now the big job has waited past aging_seconds
+            late = await sched.submit(spec(resources={"gpus": 1}), "u")
+            assert (await sched.get_job(late.id)).state == "queued"
+            await sched.complete(
+                as_worker(r), by_job[hold.id], TaskCompletion(state="succeeded", exit_code=0)
+            )
+            assert (await sched.get_job(big.id)).state == "scheduled"
+            assert (await sched.get_job(late.id)).state == "queued"
+
+    run(body())
+
+
+def test_a_drained_worker_finishes_but_takes_nothing_new_even_after_going_silent(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.register(reg("box", slots=2))
+            first = await sched.submit(spec(), "u")
+            w = await sched.drain("box")
+            assert w.state == "draining" and w.running_tasks
+            second = await sched.submit(spec(), "u")
+            assert (await sched.get_job(second.id)).pending_reasons == [
+                "box: draining: takes no new tasks"
+            ]
+            clock.now += 5
+            await sched.sweep()
+            assert [w.state for w in await sched.workers()] == ["unhealthy"]
+            await sched.heartbeat(r.worker_id, Heartbeat())
+            assert [w.state for w in await sched.workers()] == ["draining"]
+            again = await sched.register(reg("box", slots=2))
+            assert again.worker_id == r.worker_id
+            assert [w.state for w in await sched.workers()] == ["draining"]
+            await sched.drain("box", draining=False)
+            assert (await sched.get_job(second.id)).state == "scheduled"
+            assert (await sched.get_job(first.id)).state in ("scheduled", "lost")
+
+    run(body())
+
+
+def test_tasks_placed_on_a_worker_that_died_before_starting_them_go_back_to_the_queue(world):
+    async def body():
+        async with world() as (sched, clock):
+            await sched.register(reg("dead"))
+            job = await sched.submit(spec(), "u")
+            assert (await sched.get_job(job.id)).state == "scheduled"
+            clock.now += 11
+            await sched.sweep()
+            j = await sched.get_job(job.id)
+            assert j.state == "queued" and "went offline before starting it" in j.reason
+            r2 = await sched.register(reg("alive"))
+            got = await sched.acquire(r2.worker_id, 0)
+            assert [(a.job_id, a.attempt) for a in got.assignments] == [(job.id, 1)]
+
+    run(body())
+
+
+def test_a_cancelled_job_keeps_the_users_reason_and_the_cancel_is_sent_again(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.register(reg("box"))
+            job = await sched.submit(spec(), "u")
+            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
+            await sched.cancel(job.id, "ada")
+            assert (await sched.acquire(r.worker_id, 0)).cancel == [t.task_id]
+            # The acquire answer may be lost; the heartbeat repeats the cancel.
+            hb = await sched.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
+            assert hb.cancel == [t.task_id] and hb.kill_tasks == []
+            await sched.complete(
+                as_worker(r),
+                t.task_id,
+                TaskCompletion(state="cancelled", reason="cancelled by user"),
+            )
+            j = await sched.get_job(job.id)
+            assert (j.state, j.reason) == ("cancelled", "cancelled by ada")
+
+    run(body())
+
+
+def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_worker(world):
+    from gpulayer.contracts import GpuSample, TaskSample
+
+    async def body():
+        async with world(telemetry_samples=3) as (sched, clock):
+            r = await sched.register(reg("box", gpus=1))
+            for i in range(5):
+                clock.now += 1
+                await sched.heartbeat(
+                    r.worker_id,
+                    Heartbeat(
+                        cpu_percent=float(i),
+                        gpus=[GpuSample(index=0, utilization_percent=10.0 * i)],
+                        tasks=[TaskSample(task_id="t", cpu_percent=1.0, rss_bytes=100)],
+                    ),
+                )
+            tel = await sched.telemetry("box")
+            assert [s.cpu_percent for s in tel.samples] == [2.0, 3.0, 4.0]
+            [w] = await sched.workers()
+            assert w.gpus[0].utilization_percent == 40.0 and w.tasks[0].rss_bytes == 100
 
     run(body())
