@@ -7,6 +7,7 @@
     gpulayer submit [-f] -- CMD ...   submit a command; -f streams its output
     gpulayer jobs | job ID | logs ID [-f] | cancel ID | artifacts ID [--download DIR]
     gpulayer workers
+    gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
     gpulayer demo                     a tour on a throw-away local cluster
 
 The connection comes from ``--url``/``--token``, else ``GPULAYER_URL`` /
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from gpulayer import __version__, client, config, contracts, errors
+from gpulayer import __version__, client, config, contracts, errors, token_cli
 
 if TYPE_CHECKING:
     from gpulayer.cluster import LocalCluster
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     conn = _Parser(add_help=False)
     conn.add_argument("--url", default=argparse.SUPPRESS, help="control plane URL")
     conn.add_argument("--token", default=argparse.SUPPRESS, help="gpulayer token")
+    conn.add_argument("--fingerprint", default=argparse.SUPPRESS, metavar="sha256:...",
+                      help="pinned TLS certificate (`gpulayer up` prints it)")  # fmt: skip
     parser = _Parser(prog="gpulayer", parents=[conn], description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gpulayer {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -82,13 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--local-workers", type=int, default=1, metavar="N")
     up.add_argument("--simulated-gpus", metavar="SPEC", help="e.g. 2xA100-80GB")
     up.add_argument("--slots", type=int, default=4, help="tasks per local worker")
+    up.add_argument("--tls", action="store_true",
+                    help="serve HTTPS (always on when --host is not loopback)")  # fmt: skip
+    up.add_argument("--certfile", type=Path, help="serve this certificate, not a self-signed one")
+    up.add_argument("--keyfile", type=Path, help="the key of --certfile")
     up.add_argument("--no-save-config", action="store_true",
                     help="do not save the connection for gl.connect()")  # fmt: skip
     up.set_defaults(func=_cmd_up)
 
     join = sub.add_parser("join", help="run a worker for the control plane at URL")
     join.add_argument("join_url", metavar="URL")
-    join.add_argument("--token", required=True, help="the join token `gpulayer up` printed")
+    join.add_argument("--token", default=os.environ.get("GPULAYER_JOIN_TOKEN"),
+                      required=not os.environ.get("GPULAYER_JOIN_TOKEN"),
+                      help="the join token `gpulayer up` printed")  # fmt: skip
+    join.add_argument("--fingerprint", default=os.environ.get("GPULAYER_FINGERPRINT"),
+                      metavar="sha256:...", help="pin the server's TLS certificate")  # fmt: skip
     join.add_argument("--name", help="worker name (default: the hostname)")
     join.add_argument("--slots", type=int, default=4, help="tasks run at once")
     join.add_argument("--data-dir", type=Path, default=None)
@@ -161,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     arts.set_defaults(func=_cmd_artifacts)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_cmd_demo)
+    token_cli.add_parsers(sub, conn)
     return parser
 
 
@@ -213,8 +225,10 @@ def _fail(message: str, code: int) -> int:
 def _connect(args: argparse.Namespace) -> client.Connection:
     if args.connection is not None:
         return args.connection  # type: ignore[no-any-return]
-    cfg = config.resolve(getattr(args, "url", None), getattr(args, "token", None))
-    return client.Connection(cfg.url, cfg.token)
+    cfg = config.resolve(
+        getattr(args, "url", None), getattr(args, "token", None), getattr(args, "fingerprint", None)
+    )
+    return client.Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
 
 
 def _note(text: str) -> None:
@@ -228,7 +242,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
     port = args.port if args.port is not None else preferred_port(args.host)
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
-                           simulated_gpus=args.simulated_gpus, slots=args.slots)  # fmt: skip
+                           simulated_gpus=args.simulated_gpus, slots=args.slots,
+                           tls=True if args.tls or args.certfile else None,
+                           certfile=args.certfile, keyfile=args.keyfile)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -266,23 +282,28 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
         remote_url = url.replace("127.0.0.1", socket.getfqdn(), 1)
     saved = None
     if not args.no_save_config:
-        saved = config.save(config.ConnectionConfig(url=url, token=cluster.admin_token))
+        saved = config.save(config.ConnectionConfig(url=url, token=cluster.admin_token,
+                                                    fingerprint=cluster.fingerprint))  # fmt: skip
+    pin = f" --fingerprint {cluster.fingerprint}" if cluster.fingerprint else ""
     print(f"control plane:   {url}")
+    if cluster.fingerprint:
+        print(f"TLS certificate: {cluster.fingerprint}")
     print(f"admin token:     {token_file}")
     print(f"local workers:   {', '.join(cluster.workers) or 'none'}")
     print(f"connection:      {'saved to ' + str(saved) if saved else 'not saved'}")
     print("join from another machine:")
-    print(f"  gpulayer join {remote_url} --token {cluster.join_token}")
+    print(f"  gpulayer join {remote_url} --token {cluster.join_token}{pin}")
     if args.host.startswith("127.") or args.host in ("localhost", "::1"):
         print(
-            f"  (listening on {args.host} only: use `gpulayer up --host 0.0.0.0` so other"
-            " machines can reach it)"
+            f"  (listening on {args.host} only: use `gpulayer up --host 0.0.0.0` (TLS on)"
+            " so other machines can reach it)"
         )
     print("use it from a notebook:")
     if saved:
         print("  import gpulayer as gl; gl.connect()")
     token_expr = f'open("{token_file}").read().strip()'
-    print(f'  import gpulayer as gl; gl.connect("{url}", token={token_expr})')
+    fp = f', fingerprint="{cluster.fingerprint}"' if cluster.fingerprint else ""
+    print(f'  import gpulayer as gl; gl.connect("{url}", token={token_expr}{fp})')
     print(f"gpulayer is up at {url}", flush=True)
     _note("press Ctrl-C to stop")
 
@@ -295,7 +316,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
     cfg = AgentConfig(
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
-        data_dir=args.data_dir, labels=dict(args.label),
+        data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         stream=sys.stderr)  # fmt: skip

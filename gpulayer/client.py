@@ -28,7 +28,7 @@ import httpx
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from gpulayer import bundle, config, contracts, errors
+from gpulayer import bundle, config, contracts, errors, tls
 from gpulayer.jobs import Job
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,15 @@ class Connection:
     transport
         An httpx transport to use instead of the network (tests use
         ``httpx.MockTransport``).
+    fingerprint
+        The pinned ``sha256:...`` of the server's certificate (what ``gpulayer
+        up`` prints): trust exactly that certificate, not a CA. Without it an
+        ``https://`` URL is verified against the CA bundle.
 
     Raises
     ------
     ConfigError
-        If ``url`` is not an http(s) URL.
+        If ``url`` is not an http(s) URL, or a fingerprint comes with ``http://``.
     """
 
     def __init__(
@@ -83,14 +87,17 @@ class Connection:
         *,
         timeout: httpx.Timeout | float | None = None,
         transport: httpx.BaseTransport | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
+        verify = tls.verify_for(url, fingerprint)
         self.url = url if url.endswith("/") else url + "/"
         self._api = url.rstrip("/") + contracts.API_PREFIX + "/"
         self._client = httpx.Client(
             timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
             transport=transport,
+            verify=verify,
             headers={"Authorization": f"Bearer {token}"},
             follow_redirects=False,
         )
@@ -138,6 +145,11 @@ class Connection:
                 method, url, params=params, content=content, headers=headers
             )
         except httpx.TransportError as e:
+            pin = tls.mismatch_in(e)
+            if pin is not None:
+                raise errors.CertificateMismatch(
+                    tls.mismatch_message(self.url, pin), method=method, url=url
+                ) from e
             raise errors.ConnectionFailed(
                 f"cannot reach the gpulayer control plane at {self.url}: {e or type(e).__name__}",
                 method=method,
@@ -346,6 +358,19 @@ class Connection:
         resp = self._request("GET", f"workers/{_seg(worker)}/telemetry")
         return self._parse(resp, contracts.Telemetry)
 
+    def create_token(self, req: contracts.CreateToken) -> contracts.CreatedToken:
+        """``POST tokens`` (admin): a new token; its secret is in the answer only."""
+        resp = self._request("POST", "tokens", json_model=req, expect=(201,))
+        return self._parse(resp, contracts.CreatedToken)
+
+    def tokens(self) -> list[contracts.Token]:
+        """``GET tokens`` (admin): every token's record, never a secret."""
+        return self._parse(self._request("GET", "tokens"), contracts.TokenList).tokens
+
+    def revoke_token(self, name: str) -> None:
+        """``DELETE tokens/{name}`` (admin): revoke every active token with this name."""
+        self._request("DELETE", f"tokens/{_seg(name)}", expect=(204,))
+
     def workers(self) -> list[contracts.Worker]:
         """``GET workers``: every known worker with its devices and state."""
         return self._parse(self._request("GET", "workers"), contracts.WorkerList).workers
@@ -370,7 +395,9 @@ def _inside(root: Path, name: str) -> Path:
 _default: Connection | None = None
 
 
-def connect(url: str | None = None, token: str | None = None) -> Connection:
+def connect(
+    url: str | None = None, token: str | None = None, *, fingerprint: str | None = None
+) -> Connection:
     """Connect to a control plane and make it the default for :func:`submit`.
 
     Parameters
@@ -378,6 +405,9 @@ def connect(url: str | None = None, token: str | None = None) -> Connection:
     url, token
         Where and as whom; missing ones come from ``GPULAYER_URL`` /
         ``GPULAYER_TOKEN`` or the file ``gpulayer up`` saved.
+    fingerprint
+        The server certificate's pinned ``sha256:...``; else
+        ``GPULAYER_FINGERPRINT`` or the saved file's (for the same URL).
 
     Raises
     ------
@@ -385,10 +415,12 @@ def connect(url: str | None = None, token: str | None = None) -> Connection:
         If no URL or token can be found.
     ConnectionFailed
         If the control plane does not answer.
+    CertificateMismatch
+        If its TLS certificate is not the pinned one (nothing was sent).
     """
     global _default
-    cfg = config.resolve(url, token)
-    conn = Connection(cfg.url, cfg.token)
+    cfg = config.resolve(url, token, fingerprint)
+    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
     try:
         conn.health()
     except BaseException:

@@ -5,6 +5,12 @@ notebooks CI and benchmarks start: a headless Jupyter server with ``jupyter_ext`
 (``python -m jupyter_ext``) plus ``gpulayer join`` workers, all on this machine,
 with their output in ``<data_dir>/logs/``.
 
+With ``tls`` (the default when it listens beyond loopback) the control plane
+serves HTTPS with a self-signed certificate kept in ``<data_dir>/tls/``; every
+client the cluster makes, and every worker it starts, pins that certificate's
+fingerprint. Secrets travel to the subprocesses in their environment, never on
+their command lines (which other users of the machine can read).
+
 It owns its processes and nothing else: no atexit hooks, no signal handlers.
 :meth:`LocalCluster.stop` (or leaving the ``with`` block) terminates every
 process it started, by PID, workers first.
@@ -19,14 +25,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 
-from gpulayer import contracts
+from gpulayer import contracts, tls
 from gpulayer.client import Connection
 from gpulayer.errors import GpulayerError
 
@@ -54,6 +60,11 @@ def preferred_port(host: str = "127.0.0.1", preferred: int = DEFAULT_PORT) -> in
         except OSError:
             return free_port(host)
     return preferred
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach."""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -86,6 +97,13 @@ class LocalCluster:
         The Jupyter ``base_url``, e.g. ``"/a%40b/"``.
     env
         Extra environment variables for every subprocess.
+    tls
+        Serve HTTPS; None (default) means on exactly when ``host`` is not loopback.
+    certfile, keyfile
+        Serve this certificate (e.g. CA-signed) instead of a self-signed one; clients
+        then verify it against their CA bundle rather than pinning it.
+    server_args
+        Extra ``--Class.trait=value`` arguments for the control plane.
 
     Examples
     --------
@@ -106,8 +124,19 @@ class LocalCluster:
         lease_seconds: float | None = None,
         base_url: str = "/",
         env: Mapping[str, str] | None = None,
+        tls: bool | None = None,
+        certfile: str | os.PathLike[str] | None = None,
+        keyfile: str | os.PathLike[str] | None = None,
+        server_args: Sequence[str] = (),
     ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
+        self.tls = (not is_loopback(host) or certfile is not None) if tls is None else tls
+        if certfile is not None and not self.tls:
+            raise GpulayerError("a certfile needs tls=True")
+        self.certfile = None if certfile is None else Path(certfile)
+        self.keyfile = None if keyfile is None else Path(keyfile)
+        self.server_args = list(server_args)
+        self._fingerprint: str | None = None
         self.host = host
         self.port = port
         self.n_workers = workers
@@ -136,7 +165,14 @@ class LocalCluster:
             raise GpulayerError("the local cluster has not been started")
         host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}{self.base_url}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{host}:{self.port}{self.base_url}"
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The pinned ``sha256:...`` of the self-signed certificate (None without TLS,
+        or with a certificate of the caller's, which clients verify against a CA)."""
+        return self._fingerprint
 
     @property
     def admin_token(self) -> str:
@@ -169,7 +205,7 @@ class LocalCluster:
 
     def connection(self) -> Connection:
         """A new :class:`~gpulayer.client.Connection` with the admin token (caller closes)."""
-        return Connection(self.url, self.admin_token)
+        return Connection(self.url, self.admin_token, fingerprint=self._fingerprint)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -196,6 +232,11 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.port is None:
             self.port = free_port(self.host or "127.0.0.1")
+        if self.tls and self.certfile is None:
+            self.certfile, self.keyfile = tls.ensure_certificate(
+                self.data_dir / "tls", tls.default_hosts(self.host)
+            )
+            self._fingerprint = tls.fingerprint_of_file(self.certfile)
         try:
             self._start_control_plane()
             names = [self._add_worker() for _ in range(self.n_workers)]
@@ -320,12 +361,14 @@ class LocalCluster:
             name = f"local-{self._worker_count}"
         if name in self._workers:
             raise GpulayerError(f"a local worker named {name!r} is already running")
-        argv = [sys.executable, "-m", "gpulayer", "join", self.url, "--token", self.join_token,
+        argv = [sys.executable, "-m", "gpulayer", "join", self.url,
                 "--name", name, "--slots", str(slots or self.slots),
                 "--data-dir", str(self.data_dir / "workers" / name)]  # fmt: skip
         for key, value in (labels or {}).items():
             argv += ["--label", f"{key}={value}"]
-        extra = dict(env or {})
+        extra = {**(env or {}), "GPULAYER_JOIN_TOKEN": self.join_token}
+        if self._fingerprint is not None:
+            argv += ["--fingerprint", self._fingerprint]
         gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
         if gpus is not None:
             extra["GPULAYER_SIMULATED_GPUS"] = gpus
@@ -342,17 +385,20 @@ class LocalCluster:
             "--ServerApp.allow_root=True",
             f"--ServerApp.base_url={self.base_url}",
             f"--ServerApp.root_dir={self.data_dir}",
-            f"--IdentityProvider.token={self.jupyter_token}",
             f"--GpulayerApp.data_dir={self.data_dir}",
         ]  # fmt: skip
+        if self.tls:
+            argv += [f"--ServerApp.certfile={self.certfile}", f"--ServerApp.keyfile={self.keyfile}"]
         if self.heartbeat_seconds is not None:
             argv.append(f"--GpulayerApp.heartbeat_seconds={self.heartbeat_seconds}")
         if self.lease_seconds is not None:
             argv.append(f"--GpulayerApp.lease_seconds={self.lease_seconds}")
-        return argv
+        return argv + self.server_args
 
     def _start_control_plane(self) -> None:
-        self._server = self._spawn(self._control_plane_argv(), self.log_path(), {})
+        # Jupyter's own token in the environment (JUPYTER_TOKEN), not on the command line.
+        env = {"JUPYTER_TOKEN": self.jupyter_token}
+        self._server = self._spawn(self._control_plane_argv(), self.log_path(), env)
         self._wait_healthy()
         # The control plane writes both tokens before health answers.
         try:
@@ -367,7 +413,8 @@ class LocalCluster:
         assert self._server is not None
         url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
         deadline = time.monotonic() + START_DEADLINE_SECONDS
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
+        verify = tls.verify_for(self.url, self._fingerprint)
+        with httpx.Client(timeout=httpx.Timeout(2.0), verify=verify) as http:
             while True:
                 if self._server.poll() is not None:
                     raise GpulayerError(

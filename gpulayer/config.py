@@ -1,14 +1,16 @@
 """Where the client finds its control plane.
 
-A connection is a URL (the Jupyter server URL, base_url included) and a gpulayer
-bearer token. :func:`resolve` takes each of them from the first place that has it:
+A connection is a URL (the Jupyter server URL, base_url included), a gpulayer
+bearer token and, for a control plane with a self-signed certificate, the
+certificate's pinned fingerprint. :func:`resolve` takes each of them from the
+first place that has it:
 
-1. the explicit arguments (``gl.connect(url, token)``, ``gpulayer --url/--token``),
-2. the environment (``GPULAYER_URL``, ``GPULAYER_TOKEN``),
+1. the explicit arguments (``gl.connect(url, token)``, ``gpulayer --url/--token/--fingerprint``),
+2. the environment (``GPULAYER_URL``, ``GPULAYER_TOKEN``, ``GPULAYER_FINGERPRINT``),
 3. the file :func:`config_path` names, which ``gpulayer up`` writes.
 
-A token from the file is only used for the URL the file was written for, so an
-explicit URL never silently receives the admin token of another server.
+A token or fingerprint from the file is only used for the URL the file was written
+for, so an explicit URL never silently receives the admin token of another server.
 """
 
 import json
@@ -32,6 +34,7 @@ class ConnectionConfig(BaseModel):
 
     url: str
     token: str
+    fingerprint: str | None = None
 
 
 def config_path() -> Path:
@@ -85,18 +88,20 @@ def save(cfg: ConnectionConfig, path: Path | None = None) -> Path:
     # world-readable, not even between open() and chmod().
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(cfg.model_dump(), f, indent=2)
+        json.dump(cfg.model_dump(exclude_none=True), f, indent=2)
         f.write("\n")
     path.chmod(0o600)
     return path
 
 
-def resolve(url: str | None = None, token: str | None = None) -> ConnectionConfig:
+def resolve(
+    url: str | None = None, token: str | None = None, fingerprint: str | None = None
+) -> ConnectionConfig:
     """The connection to use: explicit arguments, then the environment, then the file.
 
     Parameters
     ----------
-    url, token
+    url, token, fingerprint
         Explicit values; they win over everything else.
 
     Raises
@@ -106,18 +111,21 @@ def resolve(url: str | None = None, token: str | None = None) -> ConnectionConfi
     """
     url = url or os.environ.get("GPULAYER_URL") or None
     token = token or os.environ.get("GPULAYER_TOKEN") or None
-    if url is None or token is None:
+    fingerprint = fingerprint or os.environ.get("GPULAYER_FINGERPRINT") or None
+    if url is None or token is None or fingerprint is None:
         saved = load()
         if saved is not None:
             if url is None:
                 url = saved.url
             if token is None and _same_url(url, saved.url):
                 token = saved.token
+            if fingerprint is None and _same_url(url, saved.url):
+                fingerprint = saved.fingerprint
     if not url:
         raise ConfigError(f"no gpulayer control plane is configured; {_HOW_TO_FIX}")
     if not token:
         raise ConfigError(f"no gpulayer token for {url}; {_HOW_TO_FIX}")
-    return ConnectionConfig(url=url, token=token)
+    return ConnectionConfig(url=url, token=token, fingerprint=fingerprint)
 
 
 def _same_url(a: str, b: str) -> bool:

@@ -39,7 +39,15 @@ import pydantic
 
 import gpulayer
 from gpulayer import contracts as c
-from gpulayer.errors import ConfigError, GpulayerError, NotFound, ValidationError, error_for_code
+from gpulayer import tls
+from gpulayer.errors import (
+    CertificateMismatch,
+    ConfigError,
+    GpulayerError,
+    NotFound,
+    ValidationError,
+    error_for_code,
+)
 from gpulayer.worker import devices
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun, Outcome, TaskDir, TreeSampler, task_env
@@ -78,6 +86,7 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     kill_grace_seconds: float = 5.0  # SIGTERM -> SIGKILL grace
     log_batch_seconds: float = 0.05  # how long to gather log lines into one batch
+    fingerprint: str | None = None  # pinned sha256 of the server's TLS certificate
 
 
 @dataclass(eq=False)
@@ -505,6 +514,9 @@ class Agent:
                     content=content() if callable(content) else content,
                 )
             except httpx.TransportError as e:
+                pin = tls.mismatch_in(e)
+                if pin is not None:  # not an outage: never retried, nothing was sent
+                    raise CertificateMismatch(tls.mismatch_message(self.config.url, pin)) from e
                 if not retry:
                     raise
                 problem = f"{type(e).__name__}: {e}"
@@ -549,7 +561,8 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
                 log.debug("cannot handle %s: %s", sig.name, e)
     timeout = httpx.Timeout(_ACQUIRE_WAIT_SECONDS + 15.0, connect=5.0)
     try:
-        async with httpx.AsyncClient(timeout=timeout) as http:
+        verify = tls.verify_for(config.url, config.fingerprint)
+        async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
             agent = Agent(config, http)
             serving = asyncio.create_task(agent.serve(), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
