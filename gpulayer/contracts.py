@@ -29,6 +29,9 @@ route                                      verb    body -> answer
 ``tasks/{id}/artifacts/{name}``            PUT     bytes -> 201 :class:`Artifact`
 ``tasks/{id}/complete``                    POST    :class:`TaskCompletion` -> :class:`Task`
 ``blobs/{sha256}``                         GET     -> bytes
+``tokens``                                 GET     -> :class:`TokenList` (admin)
+``tokens``                                 POST    :class:`CreateToken` -> 201 :class:`CreatedToken`
+``tokens/{name}``                          DELETE  -> 204 (revoke)
 =========================================  ======  =================================
 """
 
