@@ -183,3 +183,25 @@ def test_gpulayer_up_off_loopback_is_tls_on_and_prints_the_pin(tmp_path):
     assert re.search(rf"gpulayer join https://\S+ --token gl_\S+ --fingerprint {pin}", text)
     assert f'fingerprint="{pin}"' in text
     assert config.load(tmp_path / "connection.json").fingerprint == pin
+
+
+def test_token_cli_create_list_revoke_over_pinned_tls(tls_cluster, capsys):
+    base = ["--url", tls_cluster.url, "--token", tls_cluster.admin_token,
+            "--fingerprint", tls_cluster.fingerprint]  # fmt: skip
+    assert (
+        cli.main(["token", "create", "ada", "--role", "submitter", "--expires", "30d", *base]) == 0
+    )
+    out, err = capsys.readouterr()
+    secret = out.strip()
+    assert secret.startswith("gl_") and "shown only this once" in err
+    assert cli.main(["token", "list", *base]) == 0
+    listing = capsys.readouterr().out
+    assert "ada" in listing and "submitter" in listing and secret not in listing
+    mine = ["--url", tls_cluster.url, "--token", secret, "--fingerprint", tls_cluster.fingerprint]
+    assert cli.main(["jobs", *mine]) == 0
+    assert cli.main(["token", "list", *mine]) == 1  # a submitter may not manage tokens
+    assert "may not" in capsys.readouterr().err
+    assert cli.main(["token", "revoke", "ada", *base]) == 0
+    capsys.readouterr()
+    assert cli.main(["jobs", *mine]) == 1
+    assert "revoked" in capsys.readouterr().err
