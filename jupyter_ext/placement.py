@@ -148,9 +148,11 @@ def fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
     """The GPU indices a task needing ``res`` gets on ``w`` now, or why it does not fit."""
     if w.state != "ready":
         return "draining: takes no new tasks" if w.state == "draining" else w.state
-    why = static_misfit(res, w)
-    if why is not None:
-        return why
+    return static_misfit(res, w) or free_fit(res, w, usage)
+
+
+def free_fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
+    """:func:`fit` for a ready worker that :func:`static_misfit` already accepted."""
     if usage.tasks >= w.slots:
         return "its only task slot is busy" if w.slots == 1 else f"all {w.slots} task slots busy"
     if not res.gpus:

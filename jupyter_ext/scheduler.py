@@ -28,7 +28,6 @@ job no registered worker could ever run.
 """
 
 import asyncio
-import dataclasses
 import json
 import logging
 import sqlite3
@@ -67,7 +66,15 @@ from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, Va
 
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
-from .placement import Usage, WorkerView, fit, shape, static_misfit, usage_by_worker
+from .placement import (
+    Usage,
+    WorkerView,
+    fit,
+    free_fit,
+    shape,
+    static_misfit,
+    usage_by_worker,
+)
 from .store import Store, as_datetime, job_model, task_model, worker_model
 from .streams import Notifier, job_key, logs_key, worker_key
 
@@ -130,7 +137,7 @@ class Scheduler:
         self.aging_seconds = aging_seconds
         # Parsed once: specs never change, registrations change only on register.
         self._specs: dict[str, tuple[JobSpec, str]] = {}
-        self._views: dict[str, tuple[str, WorkerView]] = {}
+        self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
         self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
             lambda: deque(maxlen=telemetry_samples)
         )
@@ -525,11 +532,13 @@ class Scheduler:
                 return 0
             usage = await self._usage()
             free_slots = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
+            if free_slots <= 0:
+                return 0
             stmts: list[tuple[str, Sequence[Any]]] = []
             now = self.clock()
             failed_shapes: set[str] = set()
             reserved: set[str] = set()  # workers held for a job that waited too long
-            for job in await self.store.queued_jobs():
+            async for job in self.store.queued_jobs():
                 if free_slots <= 0:
                     break
                 spec, key = self._spec(job)
@@ -583,7 +592,8 @@ class Scheduler:
 
     async def placement(self, job_id: str) -> Placement:
         """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
-        job = await self.get_job(job_id)
+        row = await self._job_row(job_id)
+        job = job_model(row, await self.store.tasks_of_job(job_id), await self._worker_names())
         return await self._placement(job.spec.resources, job.id, job.state, job)
 
     async def _placement(
@@ -609,9 +619,14 @@ class Scheduler:
         fits = []
         for w in views:
             never = static_misfit(res, w)
-            now = fit(res, w, usage[w.id])
-            fits_now = isinstance(now, list)
-            reason = never or ("fits; waiting for the next placement pass" if fits_now else now)
+            if never is not None:
+                reason, fits_now = never, False
+            elif w.state != "ready":
+                reason, fits_now = fit(res, w, usage[w.id]), False
+            else:
+                now = free_fit(res, w, usage[w.id])
+                fits_now = isinstance(now, list)
+                reason = "fits; waiting for the next placement pass" if fits_now else now
             fits.append(
                 WorkerFit(
                     worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=str(reason)
@@ -638,15 +653,11 @@ class Scheduler:
         """Every worker, parsed (cached per registration), with its current state."""
         out = []
         for row in await self.store.list_workers():
+            key = (row["info"], row["state"])
             cached = self._views.get(row["id"])
-            if cached is None or cached[0] != row["info"]:
-                cached = self._views[row["id"]] = (row["info"], WorkerView.from_row(row))
-            view = cached[1]
-            out.append(
-                view
-                if view.state == row["state"]
-                else dataclasses.replace(view, state=row["state"])
-            )
+            if cached is None or cached[0] != key:
+                cached = self._views[row["id"]] = (key, WorkerView.from_row(row))
+            out.append(cached[1])
         return out
 
     async def _usage(self) -> dict[str, Usage]:
@@ -869,4 +880,4 @@ class Scheduler:
         return tasks[-1] if tasks else None
 
     async def _worker_names(self) -> dict[str, str]:
-        return {w["id"]: w["name"] for w in await self.store.list_workers()}
+        return {w.id: w.name for w in await self._views_now()}

@@ -12,7 +12,7 @@ models. All SQL is parameterized.
 import asyncio
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -234,11 +234,28 @@ class Store:
             sql += " WHERE " + " AND ".join(f"{c} = ?" for c, _ in where)
         return await self._all(sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit))
 
-    async def queued_jobs(self) -> list[sqlite3.Row]:
-        """Queued jobs in placement order: priority, then submission."""
-        return await self._all(
-            "SELECT * FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq ASC"
-        )
+    async def queued_jobs(self, page: int = 500) -> AsyncIterator[sqlite3.Row]:
+        """Queued jobs in placement order (priority, then submission), ``page`` rows
+        at a time, so a pass that stops early reads only what it looked at."""
+        last: tuple[int, int] | None = None
+        while True:
+            if last is None:
+                rows = await self._all(
+                    "SELECT * FROM jobs WHERE state = 'queued'"
+                    " ORDER BY priority DESC, seq ASC LIMIT ?",
+                    (page,),
+                )
+            else:
+                rows = await self._all(
+                    "SELECT * FROM jobs WHERE state = 'queued' AND (priority < ?"
+                    " OR (priority = ? AND seq > ?)) ORDER BY priority DESC, seq ASC LIMIT ?",
+                    (last[0], last[0], last[1], page),
+                )
+            for row in rows:
+                yield row
+            if len(rows) < page:
+                return
+            last = (rows[-1]["priority"], rows[-1]["seq"])
 
     async def count_jobs(self, states: Sequence[str]) -> int:
         """How many jobs are in any of ``states``."""

@@ -1,0 +1,218 @@
+"""Scheduler benchmark: placement at scale, in process and through HTTP.
+
+In process (no HTTP): a real SQLite store, 10,000 queued jobs with mixed
+requirements and 200 simulated workers (mixed GPU models, labels, slots):
+
+* one full placement pass over the queue (what happens when capacity appears),
+  reported as the pass time and the time per placement decision (jobs examined);
+* a pass on a saturated cluster (no free slot: what every submit costs then);
+* pending reasons (``Scheduler.placement``) for sampled queued jobs, per job;
+* the memory the scheduler's caches and the queue take (tracemalloc).
+
+Through HTTP: ``LocalCluster`` with ``--http-workers`` real worker processes
+(simulated GPUs) and ``--http-jobs`` trivial GPU and CPU jobs submitted by the
+public client; reports the end-to-end throughput and the submit rate.
+
+Prints a table and writes ``benchmarks/results/scheduler.json``. Never asserts.
+
+    .venv/bin/python benchmarks/scheduler.py [--jobs 10000] [--workers 200]
+        [--http-workers 20] [--http-jobs 400] [--skip-http]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from datetime import UTC, datetime
+from pathlib import Path
+
+import gpulayer
+from gpulayer.contracts import JobSpec, WorkerRegistration
+from gpulayer.worker.devices import parse_simulated
+from jupyter_ext.artifacts import BlobStore
+from jupyter_ext.auth import TokenService
+from jupyter_ext.scheduler import Scheduler
+from jupyter_ext.store import Store
+from jupyter_ext.streams import Notifier
+
+GPU_MIXES = ["8xA100-80GB", "4xH100-80GB", "2xT4-16GB", "1xL4-24GB", ""]
+REQUIREMENTS = [
+    {},
+    {"gpus": 1},
+    {"gpus": 1, "gpu_memory": "40GiB"},
+    {"gpus": 2, "gpu_model": "A100|H100"},
+    {"gpus": 4, "min_compute_capability": "9.0"},
+    {"gpus": 8},
+    {"gpus": 1, "selector": {"zone": "eu"}},
+    {"cpus": 4, "memory": "16GiB"},
+]
+
+
+def _registration(i: int, rng: random.Random) -> WorkerRegistration:
+    mix = GPU_MIXES[i % len(GPU_MIXES)]
+    devices = parse_simulated(mix)
+    return WorkerRegistration(
+        name=f"w{i:03d}", hostname=f"h{i:03d}", cpus=32, memory_bytes=256 << 30,
+        devices=devices, labels={"zone": rng.choice(["eu", "us"])}, slots=4, version="bench",
+    )  # fmt: skip
+
+
+async def in_process(n_jobs: int, n_workers: int, samples: int, seed: int) -> dict:
+    """Measure placement against an in-process scheduler on a temp SQLite file."""
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store(Path(tmp) / "bench.db").open()
+        sched = Scheduler(store, BlobStore(Path(tmp) / "blobs"), Notifier(), TokenService(store))
+        # Jobs are queued first (no worker yet: each submit is cheap), then all the
+        # workers appear at once and one timed pass places what fits.
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        t0 = time.perf_counter()
+        for i in range(n_jobs):
+            res = REQUIREMENTS[i % len(REQUIREMENTS)]
+            await sched.submit(JobSpec(command=["true"], resources=res,
+                                       priority=rng.choice([0, 0, 0, 1])), "bench")  # fmt: skip
+        submit_s = time.perf_counter() - t0
+        now = time.time()
+        for i in range(n_workers):
+            reg = _registration(i, rng)
+            info = reg.model_dump(mode="json", include={"cpus", "memory_bytes", "devices",
+                                                        "labels", "slots", "version"})  # fmt: skip
+            await store.upsert_worker({
+                "id": f"id{i:04d}", "name": reg.name, "hostname": reg.hostname,
+                "state": "ready", "draining": 0, "info": info, "registered_at": now,
+                "last_heartbeat": now, "cpu_percent": None, "memory_used": None,
+            })  # fmt: skip
+        queued = await store.count_jobs(["queued"])
+        t0 = time.perf_counter()
+        placed = await sched.schedule()
+        full_pass = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await sched.schedule()
+        saturated_pass = time.perf_counter() - t0
+        # Free one slot on one worker: the next pass must find the first job that fits.
+        [t] = (await store.active_tasks())[:1]
+        await store.apply([("UPDATE tasks SET state = 'succeeded' WHERE id = ?", (t["id"],))])
+        t0 = time.perf_counter()
+        refill = await sched.schedule()
+        one_slot_pass = time.perf_counter() - t0
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        mem = sum(s.size_diff for s in after.compare_to(before, "filename"))
+        rows = await store.list_jobs("queued", n_jobs)
+        picks = rng.sample(rows, min(samples, len(rows)))
+        reason_ms = []
+        for row in picks:
+            t0 = time.perf_counter()
+            await sched.placement(row["id"])
+            reason_ms.append((time.perf_counter() - t0) * 1000)
+        await store.close()
+    return {
+        "jobs": n_jobs, "workers": n_workers, "slots": 4 * n_workers,
+        "submit_seconds": submit_s, "queued_before_pass": queued, "placed": placed,
+        "full_pass_ms": full_pass * 1000,
+        "per_decision_ms": full_pass * 1000 / max(1, queued),
+        "per_placed_job_ms": full_pass * 1000 / max(1, placed),
+        "saturated_pass_ms": saturated_pass * 1000,
+        "one_free_slot_pass_ms": one_slot_pass * 1000, "one_free_slot_placed": refill,
+        "pending_reasons_ms": _stats(reason_ms),
+        "python_heap_mib": mem / 2**20,
+    }  # fmt: skip
+
+
+def over_http(n_workers: int, n_jobs: int) -> dict:
+    """Throughput with real worker processes (simulated GPUs) through HTTP."""
+    from gpulayer.client import submit
+    from gpulayer.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        cluster = LocalCluster(tmp, workers=n_workers, slots=2, simulated_gpus="2xA100-80GB")
+        try:
+            cluster.start()
+            startup = time.perf_counter() - t0
+            with cluster.connection() as conn:
+                t0 = time.perf_counter()
+                jobs = [submit(["true"], gpus=i % 3 and 1, connection=conn) for i in range(n_jobs)]
+                submitted = time.perf_counter() - t0
+                for j in jobs:
+                    j.wait(timeout=600)
+                total = time.perf_counter() - t0
+                states: dict[str, int] = {}
+                for j in jobs:
+                    states[str(j.state)] = states.get(str(j.state), 0) + 1
+        finally:
+            cluster.stop()
+    return {
+        "workers": n_workers, "jobs": n_jobs, "startup_seconds": startup,
+        "submit_jobs_per_s": n_jobs / submitted, "end_to_end_jobs_per_s": n_jobs / total,
+        "total_seconds": total, "states": states,
+    }  # fmt: skip
+
+
+def _stats(ms: list[float]) -> dict:
+    if not ms:
+        return {}
+    q = statistics.quantiles(ms, n=100) if len(ms) > 1 else [ms[0]] * 99
+    return {"n": len(ms), "p50": q[49], "p90": q[89], "p99": q[98], "max": max(ms)}
+
+
+def main() -> int:
+    """Run the benchmark and write its results."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=10000)
+    ap.add_argument("--workers", type=int, default=200)
+    ap.add_argument("--samples", type=int, default=100, help="jobs whose reasons are timed")
+    ap.add_argument("--http-workers", type=int, default=20)
+    ap.add_argument("--http-jobs", type=int, default=400)
+    ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results/scheduler.json")
+    args = ap.parse_args()
+
+    result: dict = {
+        "gpulayer": gpulayer.__version__, "python": platform.python_version(),
+        "cpus": os.cpu_count(), "load": os.getloadavg()[0],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }  # fmt: skip
+    print(f"in process: {args.jobs} queued jobs, {args.workers} workers ...", file=sys.stderr)
+    ip = result["in_process"] = asyncio.run(
+        in_process(args.jobs, args.workers, args.samples, args.seed)
+    )
+    print(f"\n## In process ({ip['jobs']} jobs, {ip['workers']} workers, {ip['slots']} slots)\n")
+    print("| measure | value |\n|---|---:|")
+    print(f"| submit {ip['jobs']} jobs (before any worker) | {ip['submit_seconds']:.1f} s |")
+    print(f"| full pass: {ip['queued_before_pass']} queued, {ip['placed']} placed "
+          f"| {ip['full_pass_ms']:.0f} ms |")  # fmt: skip
+    print(f"| per placement decision (full pass / queued) | {ip['per_decision_ms']:.3f} ms |")
+    print(f"| per placed job | {ip['per_placed_job_ms']:.3f} ms |")
+    print(f"| pass on a saturated cluster (every submit then) | {ip['saturated_pass_ms']:.1f} ms |")
+    print(f"| pass after one slot frees ({ip['one_free_slot_placed']} placed) "
+          f"| {ip['one_free_slot_pass_ms']:.1f} ms |")  # fmt: skip
+    r = ip["pending_reasons_ms"]
+    print(f"| pending reasons per job, p50 / p99 | {r['p50']:.2f} / {r['p99']:.2f} ms |")
+    print(f"| Python heap growth (queue + caches) | {ip['python_heap_mib']:.0f} MiB |")
+    if not args.skip_http:
+        print(f"\nover HTTP: {args.http_workers} worker processes ...", file=sys.stderr)
+        h = result["http"] = over_http(args.http_workers, args.http_jobs)
+        print(f"\n## Through HTTP ({h['workers']} worker processes, {h['jobs']} jobs)\n")
+        print("| measure | value |\n|---|---:|")
+        print(f"| cluster start-up | {h['startup_seconds']:.1f} s |")
+        print(f"| submit rate | {h['submit_jobs_per_s']:.0f} jobs/s |")
+        print(f"| end-to-end throughput | {h['end_to_end_jobs_per_s']:.0f} jobs/s |")
+        print(f"| states | {h['states']} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
