@@ -16,7 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from gpulayer.contracts import Device, Resources, compute_capability_tuple
+from gpulayer.contracts import (
+    Device,
+    Job,
+    JobState,
+    Placement,
+    Resources,
+    WorkerFit,
+    compute_capability_tuple,
+)
 
 _GIB = 1024**3
 
@@ -170,3 +178,57 @@ def free_fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
 def shape(res: Resources) -> str:
     """A key equal for requirements that fit (or not) in exactly the same places."""
     return res.model_dump_json(exclude={"profile"})
+
+
+def placed_report(job: Job) -> Placement:
+    """The placement report of a job that is no longer queued."""
+    where = job.worker_name or "no worker"
+    gpus = job.tasks[-1].gpu_indices if job.tasks else []
+    gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
+    verb = "ran on" if job.state.terminal else f"{job.state.value} on"
+    return Placement(
+        job_id=job.id, state=job.state, satisfiable=True, summary=f"{verb} {where}{gpu_text}"
+    )
+
+
+def waiting_report(
+    res: Resources,
+    job_id: str,
+    state: JobState,
+    views: list[WorkerView],
+    usage: dict[str, Usage],
+) -> Placement:
+    """Per worker, whether a queued job fits now, could ever fit, and why not."""
+    if not views:
+        return Placement(
+            job_id=job_id,
+            state=state,
+            satisfiable=False,
+            summary="no workers have registered; start one with `gpulayer join URL --token T`",
+        )
+    fits = []
+    for w in views:
+        u = usage.get(w.id) or Usage()
+        never = static_misfit(res, w)
+        if never is not None:
+            reason, fits_now = never, False
+        elif w.state != "ready":
+            reason, fits_now = fit(res, w, u), False
+        else:
+            now = free_fit(res, w, u)
+            fits_now = isinstance(now, list)
+            reason = "fits; waiting for the next placement pass" if fits_now else now
+        fits.append(
+            WorkerFit(
+                worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=str(reason)
+            )
+        )
+    satisfiable = any(f.could_ever_fit for f in fits)
+    summary = (
+        "waiting for a worker to free up"
+        if satisfiable
+        else "unsatisfiable: no registered worker could ever run this job"
+    )
+    return Placement(
+        job_id=job_id, state=state, satisfiable=satisfiable, summary=summary, workers=fits
+    )

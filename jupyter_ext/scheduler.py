@@ -33,12 +33,11 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpulayer.contracts import (
-    TERMINAL_STATES,
     Acquired,
     Artifact,
     Assignment,
@@ -50,43 +49,37 @@ from gpulayer.contracts import (
     JobState,
     LogAck,
     LogBatch,
-    LogLine,
     LogPage,
     Placement,
     Registered,
     Task,
     TaskCompletion,
     Telemetry,
-    TelemetrySample,
     Worker,
-    WorkerFit,
     WorkerRegistration,
 )
 from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, ValidationError
 
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
+from .fleet import Fleet
 from .placement import (
     Usage,
     WorkerView,
     fit,
-    free_fit,
+    placed_report,
     shape,
     static_misfit,
     usage_by_worker,
+    waiting_report,
 )
-from .store import Store, as_datetime, job_model, task_model, worker_model
+from .store import Store, as_datetime, job_model, task_model
 from .streams import Notifier, job_key, logs_key, worker_key
+from .transitions import TERMINAL, event, job_to, task_end
 
 log = logging.getLogger("gpulayer.scheduler")
 
-_ALLOWED: dict[str, frozenset[str]] = {
-    "queued": frozenset({"scheduled", "cancelled"}),
-    "scheduled": frozenset({"running", "queued", "cancelled", "lost"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost", "queued"}),
-}
-_TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
-_GIB = 1024**3
+_TERMINAL = TERMINAL
 
 
 def _new_id() -> str:
@@ -137,10 +130,7 @@ class Scheduler:
         self.aging_seconds = aging_seconds
         # Parsed once: specs never change, registrations change only on register.
         self._specs: dict[str, tuple[JobSpec, str]] = {}
-        self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
-        self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
-            lambda: deque(maxlen=telemetry_samples)
-        )
+        self.fleet = Fleet(store, telemetry_samples)
 
     # ------------------------------------------------------------ start-up
 
@@ -240,13 +230,13 @@ class Scheduler:
                 if task["cancel_requested"]:
                     return await self.get_job(job_id)
                 stmts.append(("UPDATE tasks SET cancel_requested = 1 WHERE id = ?", (task["id"],)))
-                stmts += self._event(job_id, task["id"], "cancel_requested", reason)
+                stmts += event(self.clock(), job_id, task["id"], "cancel_requested", reason)
                 self._cancels[task["worker_id"]].add(task["id"])
                 wake = task["worker_id"]
             else:
                 if task is not None and task["state"] == "scheduled":
-                    stmts += self._task_end(task, "cancelled", None, reason)
-                stmts += self._job_to(row, "cancelled", reason, ended=True)
+                    stmts += task_end(self.clock(), task, "cancelled", None, reason)
+                stmts += job_to(self.clock(), row, "cancelled", reason, ended=True)
         if stmts:
             await self.store.apply(stmts)
         if wake:
@@ -272,24 +262,8 @@ class Scheduler:
         await self._job_row(job_id)
 
         async def page(force: bool) -> LogPage | None:
-            rows = await self.store.read_logs(job_id, offset, limit)
-            job = await self.store.get_job(job_id)
-            assert job is not None
-            nxt = offset + len(rows)
-            complete = job["state"] in _TERMINAL and nxt >= job["log_count"]
-            if not (rows or complete or force):
-                return None
-            lines = [
-                LogLine(
-                    offset=r["offset"],
-                    stream=r["stream"],
-                    ts=as_datetime(r["ts"]),
-                    text=r["text"],
-                    task_id=r["task_id"],
-                )
-                for r in rows
-            ]
-            return LogPage(lines=lines, next_offset=nxt, complete=complete)
+            got = await self.store.log_page(job_id, offset, limit)
+            return got if (got.lines or got.complete or force) else None
 
         if wait > 0:
             found = await self.notifier.wait_for(logs_key(job_id), lambda: page(False), wait)
@@ -328,17 +302,8 @@ class Scheduler:
     # ------------------------------------------------------------- workers
 
     async def workers(self) -> list[Worker]:
-        """Every known worker with its running tasks."""
-        running: dict[str, list[str]] = defaultdict(list)
-        for t in await self.store.active_tasks():
-            running[t["worker_id"]].append(t["id"])
-        out = []
-        for r in await self.store.list_workers():
-            w = worker_model(r, running[r["id"]])
-            if samples := self._telemetry.get(r["id"]):
-                w.gpus, w.tasks = samples[-1].gpus, samples[-1].tasks
-            out.append(w)
-        return out
+        """Every known worker with its running tasks and latest readings."""
+        return await self.fleet.workers()
 
     async def register(self, reg: WorkerRegistration) -> Registered:
         """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
@@ -399,15 +364,7 @@ class Scheduler:
         row = await self._worker_row(worker_id)
         came_back = row["state"] in ("unhealthy", "offline")
         await self.store.heartbeat(worker_id, now, hb.cpu_percent, hb.memory_used_bytes)
-        self._telemetry[worker_id].append(
-            TelemetrySample(
-                ts=as_datetime(now),
-                cpu_percent=hb.cpu_percent,
-                memory_used_bytes=hb.memory_used_bytes,
-                gpus=hb.gpus,
-                tasks=hb.tasks,
-            )
-        )
+        self.fleet.record(worker_id, now, hb)
         async with self._lock:
             kill = await self._reconcile(
                 worker_id, hb.running_tasks, now, grace=2 * self.heartbeat_seconds
@@ -448,8 +405,10 @@ class Scheduler:
                             (now, now + self.lease_seconds, t["id"]),
                         )
                     )
-                    stmts += self._event(t["job_id"], t["id"], "running", "picked up by worker")
-                    stmts += self._job_to(job, "running", "running", started=True)
+                    stmts += event(
+                        self.clock(), t["job_id"], t["id"], "running", "picked up by worker"
+                    )
+                    stmts += job_to(self.clock(), job, "running", "running", started=True)
                     out.append(
                         Assignment(
                             task_id=t["id"],
@@ -527,7 +486,7 @@ class Scheduler:
         """
         placed: list[tuple[str, str]] = []
         async with self._lock:
-            workers = [w for w in await self._views_now() if w.state == "ready"]
+            workers = [w for w in await self.fleet.views() if w.state == "ready"]
             if not workers:
                 return 0
             usage = await self._usage()
@@ -587,7 +546,7 @@ class Scheduler:
                 "UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?",
                 (attempt, w.id, job["id"]),
             ),
-            *self._job_to(job, "scheduled", f"placed on {w.name}{gpu_text}"),
+            *job_to(self.clock(), job, "scheduled", f"placed on {w.name}{gpu_text}"),
         ]
 
     async def placement(self, job_id: str) -> Placement:
@@ -599,48 +558,11 @@ class Scheduler:
     async def _placement(
         self, res: Any, job_id: str, state: JobState, job: Job | None = None
     ) -> Placement:
-        views = await self._views_now()
+        views = await self.fleet.views()
         if state != JobState.queued and job is not None:
-            where = job.worker_name or "no worker"
-            gpus = job.tasks[-1].gpu_indices if job.tasks else []
-            gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
-            verb = "ran on" if state.terminal else f"{state.value} on"
-            return Placement(
-                job_id=job_id, state=state, satisfiable=True, summary=f"{verb} {where}{gpu_text}"
-            )
-        if not views:
-            return Placement(
-                job_id=job_id,
-                state=state,
-                satisfiable=False,
-                summary="no workers have registered; start one with `gpulayer join URL --token T`",
-            )
-        usage = await self._usage()
-        fits = []
-        for w in views:
-            never = static_misfit(res, w)
-            if never is not None:
-                reason, fits_now = never, False
-            elif w.state != "ready":
-                reason, fits_now = fit(res, w, usage[w.id]), False
-            else:
-                now = free_fit(res, w, usage[w.id])
-                fits_now = isinstance(now, list)
-                reason = "fits; waiting for the next placement pass" if fits_now else now
-            fits.append(
-                WorkerFit(
-                    worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=str(reason)
-                )
-            )
-        satisfiable = any(f.could_ever_fit for f in fits)
-        summary = (
-            "waiting for a worker to free up"
-            if satisfiable
-            else "unsatisfiable: no registered worker could ever run this job"
-        )
-        return Placement(
-            job_id=job_id, state=state, satisfiable=satisfiable, summary=summary, workers=fits
-        )
+            return placed_report(job)
+        usage = await self._usage() if views else {}
+        return waiting_report(res, job_id, state, views, usage)
 
     def _spec(self, job: sqlite3.Row) -> tuple[JobSpec, str]:
         cached = self._specs.get(job["id"])
@@ -648,17 +570,6 @@ class Scheduler:
             spec = JobSpec.model_validate_json(job["spec"])
             cached = self._specs[job["id"]] = (spec, shape(spec.resources))
         return cached
-
-    async def _views_now(self) -> list[WorkerView]:
-        """Every worker, parsed (cached per registration), with its current state."""
-        out = []
-        for row in await self.store.list_workers():
-            key = (row["info"], row["state"])
-            cached = self._views.get(row["id"])
-            if cached is None or cached[0] != key:
-                cached = self._views[row["id"]] = (key, WorkerView.from_row(row))
-            out.append(cached[1])
-        return out
 
     async def _usage(self) -> dict[str, Usage]:
         return defaultdict(Usage, usage_by_worker(await self.store.active_tasks()))
@@ -702,13 +613,13 @@ class Scheduler:
         """Statements that take back a task nobody started: the job is queued again
         and the attempt does not count (lock held)."""
         return [
-            *self._task_end(task, "lost", None, reason),
+            *task_end(self.clock(), task, "lost", None, reason),
             ("UPDATE jobs SET attempts = attempts - 1 WHERE id = ?", (task["job_id"],)),
             (
                 "UPDATE jobs SET state = 'queued', reason = ?, updated_at = ? WHERE id = ?",
                 (f"back in the queue: {reason}", self.clock(), task["job_id"]),
             ),
-            *self._event(task["job_id"], None, "queued", f"back in the queue: {reason}"),
+            *event(self.clock(), task["job_id"], None, "queued", f"back in the queue: {reason}"),
         ]
 
     async def _cancel_reason(self, task: sqlite3.Row) -> str | None:
@@ -733,14 +644,7 @@ class Scheduler:
 
     async def telemetry(self, name: str) -> Telemetry:
         """A worker's recent heartbeat readings."""
-        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
-        if row is None:
-            raise NotFound(f"no worker named {name!r}")
-        return Telemetry(
-            worker_id=row["id"],
-            worker_name=row["name"],
-            samples=list(self._telemetry.get(row["id"], ())),
-        )
+        return await self.fleet.telemetry(name)
 
     async def _reconcile(
         self, worker_id: str, reported: Sequence[str], now: float, grace: float
@@ -778,72 +682,19 @@ class Scheduler:
         job = await self._job_row(task["job_id"])
         spec = JobSpec.model_validate_json(job["spec"])
         reason = reason or {"succeeded": "exit code 0"}.get(state, state)
-        stmts = self._task_end(task, state, exit_code, reason)
+        stmts = task_end(self.clock(), task, state, exit_code, reason)
         if state in ("failed", "lost") and job["attempts"] <= spec.retries:
             left = spec.retries - job["attempts"] + 1
-            stmts += self._job_to(
+            stmts += job_to(
+                self.clock(),
                 job,
                 "queued",
                 f"attempt {job['attempts']} {state} ({reason}); retrying,"
                 f" {left} attempt{'s' if left != 1 else ''} left",
             )
         else:
-            stmts += self._job_to(job, state, reason, ended=True, exit_code=exit_code)
+            stmts += job_to(self.clock(), job, state, reason, ended=True, exit_code=exit_code)
         return stmts
-
-    def _task_end(
-        self, task: sqlite3.Row, state: str, exit_code: int | None, reason: str | None
-    ) -> list[tuple[str, Sequence[Any]]]:
-        self._check(task["state"], state, f"task {task['id']}")
-        return [
-            (
-                "UPDATE tasks SET state = ?, exit_code = ?, reason = ?, ended_at = ? WHERE id = ?",
-                (state, exit_code, reason, self.clock(), task["id"]),
-            ),
-            *self._event(task["job_id"], task["id"], state, reason),
-        ]
-
-    def _job_to(
-        self,
-        job: sqlite3.Row,
-        state: str,
-        reason: str | None,
-        *,
-        started: bool = False,
-        ended: bool = False,
-        exit_code: int | None = None,
-    ) -> list[tuple[str, Sequence[Any]]]:
-        if job["state"] == state:
-            return []
-        self._check(job["state"], state, f"job {job['id']}")
-        now = self.clock()
-        sets = ["state = ?", "reason = ?", "updated_at = ?"]
-        params: list[Any] = [state, reason, now]
-        if started:
-            sets.append("started_at = COALESCE(started_at, ?)")
-            params.append(now)
-        if ended:
-            sets += ["ended_at = ?", "exit_code = ?"]
-            params += [now, exit_code]
-        return [
-            (f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job["id"])),
-            *self._event(job["id"], None, state, reason),
-        ]
-
-    def _event(
-        self, job_id: str, task_id: str | None, state: str, reason: str | None
-    ) -> list[tuple[str, Sequence[Any]]]:
-        return [
-            (
-                "INSERT INTO events (job_id, task_id, ts, state, reason) VALUES (?, ?, ?, ?, ?)",
-                (job_id, task_id, self.clock(), state, reason),
-            )
-        ]
-
-    @staticmethod
-    def _check(current: str, new: str, what: str) -> None:
-        if new not in _ALLOWED.get(current, frozenset()):
-            raise InvalidTransition(f"{what} cannot go from {current} to {new}")
 
     def _notify_job(self, job_id: str) -> None:
         self.notifier.notify(job_key(job_id))
@@ -880,4 +731,4 @@ class Scheduler:
         return tasks[-1] if tasks else None
 
     async def _worker_names(self) -> dict[str, str]:
-        return {w.id: w.name for w in await self._views_now()}
+        return {w.id: w.name for w in await self.fleet.views()}

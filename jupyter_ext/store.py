@@ -19,7 +19,16 @@ from typing import Any
 
 import aiosqlite
 
-from gpulayer.contracts import Job, JobSpec, Task, Worker, WorkerState
+from gpulayer.contracts import (
+    TERMINAL_STATES,
+    Job,
+    JobSpec,
+    LogLine,
+    LogPage,
+    Task,
+    Worker,
+    WorkerState,
+)
 from gpulayer.errors import Conflict
 
 _SCHEMA_V1 = """
@@ -123,6 +132,9 @@ CREATE INDEX IF NOT EXISTS tokens_by_name ON tokens (name);
 #: Index n holds the script that moves a database from version n to n + 1.
 _MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+_TERMINAL_STATES = frozenset(s.value for s in TERMINAL_STATES)
 
 
 class Store:
@@ -354,6 +366,25 @@ class Store:
                 raise
             await db.execute("COMMIT")
         return have + len(fresh)
+
+    async def log_page(self, job_id: str, offset: int, limit: int) -> LogPage:
+        """Lines of a job from ``offset``, and whether the job's output is complete."""
+        rows = await self.read_logs(job_id, offset, limit)
+        job = await self.get_job(job_id)
+        assert job is not None
+        nxt = offset + len(rows)
+        lines = [
+            LogLine(
+                offset=r["offset"],
+                stream=r["stream"],
+                ts=as_datetime(r["ts"]),
+                text=r["text"],
+                task_id=r["task_id"],
+            )
+            for r in rows
+        ]
+        complete = job["state"] in _TERMINAL_STATES and nxt >= job["log_count"]
+        return LogPage(lines=lines, next_offset=nxt, complete=complete)
 
     async def read_logs(self, job_id: str, offset: int, limit: int) -> list[sqlite3.Row]:
         """Up to ``limit`` lines of a job from ``offset`` on."""

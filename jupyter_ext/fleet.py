@@ -1,0 +1,76 @@
+"""The fleet: registered workers as placement sees them, and their recent readings.
+
+Worker registrations change only when a worker registers, so each is parsed into a
+:class:`~jupyter_ext.placement.WorkerView` once and cached by (registration,
+state). Heartbeat readings live in memory, in a bounded window per worker: they
+are for watching a worker now, not history, and are gone after a restart.
+"""
+
+from collections import defaultdict, deque
+
+from gpulayer.contracts import Heartbeat, Telemetry, TelemetrySample, Worker
+from gpulayer.errors import NotFound
+
+from .placement import WorkerView
+from .store import Store, as_datetime, worker_model
+
+
+class Fleet:
+    """Parsed worker views and telemetry windows, on top of the store."""
+
+    def __init__(self, store: Store, telemetry_samples: int = 360) -> None:
+        self.store = store
+        self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
+        self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
+            lambda: deque(maxlen=telemetry_samples)
+        )
+
+    async def views(self) -> list[WorkerView]:
+        """Every worker, parsed, with its current state."""
+        out = []
+        for row in await self.store.list_workers():
+            key = (row["info"], row["state"])
+            cached = self._views.get(row["id"])
+            if cached is None or cached[0] != key:
+                cached = self._views[row["id"]] = (key, WorkerView.from_row(row))
+            out.append(cached[1])
+        return out
+
+    def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
+        """Keep one heartbeat's readings."""
+        self._telemetry[worker_id].append(
+            TelemetrySample(
+                ts=as_datetime(ts),
+                cpu_percent=hb.cpu_percent,
+                memory_used_bytes=hb.memory_used_bytes,
+                gpus=hb.gpus,
+                tasks=hb.tasks,
+            )
+        )
+
+    async def workers(self) -> list[Worker]:
+        """Every worker with its running tasks and its latest readings."""
+        running: dict[str, list[str]] = defaultdict(list)
+        for t in await self.store.active_tasks():
+            running[t["worker_id"]].append(t["id"])
+        out = []
+        for r in await self.store.list_workers():
+            w = worker_model(r, running[r["id"]])
+            if samples := self._telemetry.get(r["id"]):
+                w.gpus, w.tasks = samples[-1].gpus, samples[-1].tasks
+            out.append(w)
+        return out
+
+    async def telemetry(self, name: str) -> Telemetry:
+        """A worker's readings (by name or id), oldest first.
+
+        Raises
+        ------
+        NotFound
+            For an unknown worker.
+        """
+        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
+        if row is None:
+            raise NotFound(f"no worker named {name!r}")
+        samples = list(self._telemetry.get(row["id"], ()))
+        return Telemetry(worker_id=row["id"], worker_name=row["name"], samples=samples)
