@@ -176,9 +176,11 @@ class Scheduler:
     async def get_job(self, job_id: str) -> Job:
         """A job with its tasks (and, while queued, why it waits)."""
         row = await self._job_row(job_id)
-        job = job_model(row, await self.store.tasks_of_job(job_id), await self._worker_names())
+        views = await self.fleet.views()
+        names = {w.id: w.name for w in views}
+        job = job_model(row, await self.store.tasks_of_job(job_id), names)
         if job.state == JobState.queued:
-            report = await self._placement(job.spec.resources, job.id, job.state)
+            report = await self._waiting(job.spec.resources, job.id, views)
             job.pending_reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [
                 report.summary
             ]
@@ -552,17 +554,16 @@ class Scheduler:
     async def placement(self, job_id: str) -> Placement:
         """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
         row = await self._job_row(job_id)
-        job = job_model(row, await self.store.tasks_of_job(job_id), await self._worker_names())
-        return await self._placement(job.spec.resources, job.id, job.state, job)
-
-    async def _placement(
-        self, res: Any, job_id: str, state: JobState, job: Job | None = None
-    ) -> Placement:
         views = await self.fleet.views()
-        if state != JobState.queued and job is not None:
-            return placed_report(job)
+        if row["state"] != JobState.queued:
+            names = {w.id: w.name for w in views}
+            return placed_report(job_model(row, await self.store.tasks_of_job(job_id), names))
+        res = self._spec(row)[0].resources
+        return await self._waiting(res, job_id, views)
+
+    async def _waiting(self, res: Any, job_id: str, views: list[WorkerView]) -> Placement:
         usage = await self._usage() if views else {}
-        return waiting_report(res, job_id, state, views, usage)
+        return waiting_report(res, job_id, JobState.queued, views, usage)
 
     def _spec(self, job: sqlite3.Row) -> tuple[JobSpec, str]:
         cached = self._specs.get(job["id"])
