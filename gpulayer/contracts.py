@@ -21,7 +21,10 @@ route                                      verb    body -> answer
 ``jobs/{id}/artifacts``                    GET     -> :class:`ArtifactList`
 ``jobs/{id}/artifacts/{name}``             GET     -> bytes
 ``blobs``                                  POST    bytes -> 201 :class:`BlobRef`
+``jobs/{id}/placement``                     GET     -> :class:`Placement`
 ``workers``                                GET     -> :class:`WorkerList`
+``workers/{name}/drain`` (``resume``)      POST    -> :class:`Worker`
+``workers/{name}/telemetry``               GET     -> :class:`Telemetry`
 ``workers/register``                       POST    :class:`WorkerRegistration` -> ``Registered``
 ``workers/{id}/heartbeat``                 POST    :class:`Heartbeat` -> :class:`HeartbeatReply`
 ``workers/{id}/acquire?wait=S``            POST    -> :class:`Acquired` (204 after the hold)

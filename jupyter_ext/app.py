@@ -72,6 +72,12 @@ class GpulayerApp(ExtensionApp):
     lease_seconds = Float(
         30.0, help="A running task whose worker is silent this long is lost (or retried)."
     ).tag(config=True)
+    aging_seconds = Float(
+        300.0, help="A job waiting this long keeps later jobs off the workers that could run it."
+    ).tag(config=True)
+    telemetry_samples = Int(360, help="Heartbeat readings kept per worker (in memory).").tag(
+        config=True
+    )
     sweep_seconds = Float(1.0, help="How often leases and heartbeats are checked.").tag(config=True)
     max_body_bytes = Int(8 * 1024 * 1024, help="Largest JSON request body.").tag(config=True)
     max_blob_bytes = Int(512 * 1024 * 1024, help="Largest source bundle or artifact upload.").tag(
@@ -134,6 +140,8 @@ class GpulayerApp(ExtensionApp):
             notifier,
             tokens,
             heartbeat_seconds=self.heartbeat_seconds,
+            aging_seconds=self.aging_seconds,
+            telemetry_samples=self.telemetry_samples,
             lease_seconds=self.lease_seconds,
         )
         await scheduler.recover()

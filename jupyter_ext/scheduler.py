@@ -473,6 +473,10 @@ class Scheduler:
                         await self._finish(task, done.state, done.exit_code, reason)
                     )
             log.info("task %s %s", task_id, done.state)
+            if done.state == "lost" and task["worker_id"]:
+                # The worker gave the task up because it is going away: place nothing
+                # more there (its next heartbeat, if any, brings it back).
+                await self.store.set_worker_state(task["worker_id"], "offline")
             self._notify_job(task["job_id"])
             await self.schedule()
         return task_model(await self._task_row(task_id))
@@ -504,7 +508,11 @@ class Scheduler:
                     break
                 spec, key = self._spec(job)
                 res = spec.resources
-                if key in failed_shapes and not reserved:
+                aged = now - job["created_at"] > self.aging_seconds
+                if key in failed_shapes:
+                    # It cannot fit this pass, but an aged job still holds its workers.
+                    if aged:
+                        reserved.update(w.id for w in workers if static_misfit(res, w) is None)
                     continue
                 choice = None
                 candidates = [w for w in workers if w.id not in reserved]
@@ -515,7 +523,7 @@ class Scheduler:
                         break
                 if choice is None:
                     failed_shapes.add(key)
-                    if now - job["created_at"] > self.aging_seconds:
+                    if aged:
                         reserved.update(w.id for w in workers if static_misfit(res, w) is None)
                     continue
                 w, gpus = choice

@@ -10,8 +10,8 @@ variable ``GPULAYER_SIMULATED_GPUS``::
     GPULAYER_SIMULATED_GPUS="2xrocm:MI250-64GB"         # another kind: rocm, mps
     GPULAYER_SIMULATED_GPUS=""                          # no GPUs, even on a GPU machine
 
-Without the variable, discovery tries NVIDIA (NVML), then AMD (``amd-smi`` /
-``rocm-smi`` JSON, else the amdgpu sysfs tree), then Apple MPS (asks a ``python -c
+Without the variable, discovery tries NVIDIA (NVML), then AMD (``rocm-smi`` JSON,
+else the amdgpu sysfs tree), then Apple MPS (asks a ``python -c
 "import torch"`` subprocess on macOS, so the worker itself never imports torch).
 Finding nothing is normal, never an error. :class:`GpuTelemetry` reads utilization,
 memory, temperature and power at each heartbeat.
@@ -71,7 +71,7 @@ _ACCEPTED = (
 
 def discover() -> list[Device]:
     """The GPUs of this machine: simulated ones when ``GPULAYER_SIMULATED_GPUS`` is set,
-    else whatever NVML reports, else none.
+    else NVIDIA's (NVML), else AMD's, else Apple's MPS, else none.
 
     Raises
     ------
@@ -91,7 +91,7 @@ def parse_simulated(value: str) -> list[Device]:
     Raises
     ------
     ValueError
-        If an item is not ``[COUNTx]MODEL-MEMORYGB``.
+        If an item is not ``[COUNTx][KIND:]MODEL-MEMORYGB``.
     """
     devices: list[Device] = []
     if not value.strip():

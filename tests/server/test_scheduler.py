@@ -400,3 +400,38 @@ def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_wo
             assert w.gpus[0].utilization_percent == 40.0 and w.tasks[0].rss_bytes == 100
 
     run(body())
+
+
+def test_an_aged_job_reserves_its_workers_even_behind_a_failed_job_of_its_shape(world):
+    async def body():
+        async with world(aging_seconds=60) as (sched, clock):
+            r = await sched.register(reg("box", gpus=2, slots=4))
+            hold = await sched.submit(spec(resources={"gpus": 1}), "u")
+            old_big = await sched.submit(spec(resources={"gpus": 2}), "u")
+            clock.now += 61
+            # A younger, higher-priority job of the same shape fails first in the pass.
+            await sched.submit(spec(resources={"gpus": 2}, priority=5), "u")
+            small = await sched.submit(spec(resources={"gpus": 1}), "u")
+            assert (await sched.get_job(small.id)).state == "queued"
+            assert (await sched.get_job(old_big.id)).state == "queued"
+            got = await sched.acquire(r.worker_id, 0)
+            assert [a.job_id for a in got.assignments] == [hold.id]
+
+    run(body())
+
+
+def test_a_task_given_up_by_a_stopping_worker_is_not_placed_there_again(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.register(reg("leaving"))
+            job = await sched.submit(spec(retries=1), "u")
+            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
+            await sched.complete(
+                as_worker(r), t.task_id, TaskCompletion(state="lost", reason="worker shutting down")
+            )
+            j = await sched.get_job(job.id)
+            assert j.state == "queued" and j.pending_reasons == ["leaving: offline"]
+            other = await sched.register(reg("other"))
+            assert (await sched.acquire(other.worker_id, 0)).assignments[0].job_id == job.id
+
+    run(body())
