@@ -318,8 +318,11 @@ def _cmd_join(args: argparse.Namespace) -> int:
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        stream=sys.stderr)  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    # httpx logs every request at INFO: one line per heartbeat and poll is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return int(agent_main(cfg))
     except ValueError as e:  # e.g. a malformed GPULAYER_SIMULATED_GPUS
