@@ -75,7 +75,7 @@ from .placement import (
 )
 from .store import Store, as_datetime, job_model, task_model
 from .streams import Notifier, job_key, logs_key, worker_key
-from .transitions import TERMINAL, event, job_to, task_end
+from .transitions import TERMINAL, check, event, job_to, task_end
 
 log = logging.getLogger("gpulayer.scheduler")
 
@@ -400,6 +400,7 @@ class Scheduler:
                 out = []
                 for t in rows:
                     job = await self._job_row(t["job_id"])
+                    check(t["state"], "running", f"task {t['id']}")
                     stmts.append(
                         (
                             "UPDATE tasks SET state = 'running', started_at = ?, lease_expires = ?"
