@@ -35,14 +35,13 @@ import uuid
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpulayer.contracts import CreatedToken, CreateToken, Token
 from gpulayer.errors import AuthError, Conflict, Forbidden, NotFound, RateLimited
 
-from .store import Store
+from .store import Store, as_datetime
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 #: Roles an admin may mint; ``worker`` tokens come only from registration.
@@ -349,19 +348,15 @@ class TokenService:
             name=row["name"],
             role=row["role"],
             state=self._state(row),  # type: ignore[arg-type]
-            created_at=_dt(row["created_at"]),
-            expires_at=_dt(row["expires_at"]),
-            revoked_at=_dt(row["revoked_at"]),
+            created_at=as_datetime(row["created_at"]),
+            expires_at=as_datetime(row["expires_at"]),
+            revoked_at=as_datetime(row["revoked_at"]),
             single_use=bool(row["single_use"]),
             worker_id=row["worker_id"],
         )
 
 
 _STATE_TEXT = {"used": "was already used", "revoked": "was revoked", "expired": "has expired"}
-
-
-def _dt(ts: float | None) -> Any:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
 def bearer_token(header: str | None) -> str | None:

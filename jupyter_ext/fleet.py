@@ -9,7 +9,6 @@ are for watching a worker now, not history, and are gone after a restart.
 from collections import defaultdict, deque
 
 from gpulayer.contracts import Heartbeat, Telemetry, TelemetrySample, Worker
-from gpulayer.errors import NotFound
 
 from .placement import WorkerView
 from .store import Store, as_datetime, worker_model
@@ -69,8 +68,6 @@ class Fleet:
         NotFound
             For an unknown worker.
         """
-        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
-        if row is None:
-            raise NotFound(f"no worker named {name!r}")
+        row = await self.store.find_worker(name)
         samples = list(self._telemetry.get(row["id"], ()))
         return Telemetry(worker_id=row["id"], worker_name=row["name"], samples=samples)

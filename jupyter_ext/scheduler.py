@@ -643,9 +643,7 @@ class Scheduler:
 
     async def drain(self, name: str, draining: bool = True) -> Worker:
         """Let a worker finish its tasks and take no new ones (or take them again)."""
-        row = await self.store.worker_by_name(name) or await self.store.get_worker(name)
-        if row is None:
-            raise NotFound(f"no worker named {name!r}")
+        row = await self.store.find_worker(name)
         await self.store.set_draining(row["id"], draining)
         log.info("worker %s %s", row["name"], "draining" if draining else "resumed")
         if not draining:

@@ -29,7 +29,7 @@ from gpulayer.contracts import (
     Worker,
     WorkerState,
 )
-from gpulayer.errors import Conflict
+from gpulayer.errors import Conflict, NotFound
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -424,6 +424,13 @@ class Store:
     async def worker_by_name(self, name: str) -> sqlite3.Row | None:
         """One worker by its unique name."""
         return await self._one("SELECT * FROM workers WHERE name = ?", (name,))
+
+    async def find_worker(self, name_or_id: str) -> sqlite3.Row:
+        """A worker by name (or id), or :class:`NotFound`."""
+        row = await self.worker_by_name(name_or_id) or await self.get_worker(name_or_id)
+        if row is None:
+            raise NotFound(f"no worker named {name_or_id!r}")
+        return row
 
     async def list_workers(self) -> list[sqlite3.Row]:
         """All workers by name."""
