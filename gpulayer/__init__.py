@@ -5,6 +5,11 @@
 >>> job = gl.submit(["python", "-c", "print('hi')"])
 >>> job.wait().state
 'succeeded'
+>>> @gl.remote(gpus=1)
+... def square(x):
+...     return x * x
+>>> square.run(3)
+9
 
 ``import gpulayer`` stays light: the HTTP client loads on first use, and torch,
 IPython and ipywidgets only where a feature needs them.
@@ -15,7 +20,19 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Connection", "Job", "__version__", "connect", "current_connection", "submit"]
+__all__ = [
+    "Call",
+    "Connection",
+    "Job",
+    "RemoteFunction",
+    "__version__",
+    "as_completed",
+    "connect",
+    "current_connection",
+    "remote",
+    "submit",
+    "wait",
+]
 
 _LAZY = {
     "Connection": "gpulayer.client",
@@ -23,6 +40,11 @@ _LAZY = {
     "connect": "gpulayer.client",
     "current_connection": "gpulayer.client",
     "submit": "gpulayer.client",
+    "remote": "gpulayer.remote_functions",
+    "RemoteFunction": "gpulayer.remote_functions",
+    "Call": "gpulayer.remote_functions",
+    "wait": "gpulayer.remote_functions",
+    "as_completed": "gpulayer.remote_functions",
 }
 
 

@@ -201,10 +201,29 @@ class Connection:
         """``GET health``: the control plane is up (and its version)."""
         return self._parse(self._request("GET", "health"), contracts.Health)
 
-    def submit(self, spec: contracts.JobSpec) -> contracts.Job:
-        """``POST jobs``: submit a job; answers it as stored (state ``queued``)."""
-        resp = self._request("POST", "jobs", json_model=spec, expect=(201, 200))
+    def submit(self, spec: contracts.JobSpec, *, wait: float = 0.0) -> contracts.Job:
+        """``POST jobs``: submit a job; answers it as stored (state ``queued``), or,
+        with ``wait`` > 0, as it is after up to that many seconds (ended if quick)."""
+        params = {"wait": f"{min(wait, LONG_POLL_SECONDS):.3f}"} if wait > 0 else None
+        resp = self._request("POST", "jobs", json_model=spec, params=params, expect=(201, 200))
         return self._parse(resp, contracts.Job)
+
+    def submit_many(self, specs: Sequence[contracts.JobSpec]) -> list[contracts.Job]:
+        """``POST jobs/batch``: several jobs in one request, all stored or none."""
+        body = contracts.JobBatch(jobs=list(specs))
+        resp = self._request("POST", "jobs/batch", json_model=body, expect=(201,))
+        return self._parse(resp, contracts.JobList).jobs
+
+    def wait_any(self, job_ids: Sequence[str], timeout: float) -> list[contracts.Job]:
+        """``POST jobs/wait``: the jobs among ``job_ids`` that ended, as soon as one
+        has (with small function results), or ``[]`` after ``timeout`` s."""
+        body = contracts.WaitAny(ids=list(job_ids), timeout=min(timeout, LONG_POLL_SECONDS))
+        resp = self._request("POST", "jobs/wait", json_model=body, expect=(200, 204))
+        return [] if resp.status_code == 204 else self._parse(resp, contracts.JobList).jobs
+
+    def result(self, job_id: str) -> bytes:
+        """``GET jobs/{id}/result``: a function job's pickled outcomes."""
+        return self._request("GET", f"jobs/{_seg(job_id)}/result").content
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[contracts.Job]:
         """``GET jobs``: the newest jobs, optionally only those in ``state``."""

@@ -11,7 +11,10 @@ Routes (all under ``/gpulayer/api/v1/``):
 route                                      verb    body -> answer
 =========================================  ======  =================================
 ``health``                                 GET     -> :class:`Health`
-``jobs``                                   POST    :class:`JobSpec` -> 201 :class:`Job`
+``jobs?wait=S``                            POST    :class:`JobSpec` -> 201 :class:`Job`
+``jobs/batch``                             POST    :class:`JobBatch` -> 201 :class:`JobList`
+``jobs/wait``                              POST    :class:`WaitAny` -> :class:`JobList` (204)
+``jobs/{id}/result``                       GET     -> bytes (a function job's outcomes)
 ``jobs?state=&limit=``                     GET     -> :class:`JobList`
 ``jobs/{id}``                              GET     -> :class:`Job`
 ``jobs/{id}/wait?timeout=S``               GET     -> :class:`Job` (200 when ended, 204)
@@ -30,6 +33,7 @@ route                                      verb    body -> answer
 ``workers/{id}/acquire?wait=S``            POST    -> :class:`Acquired` (204 after the hold)
 ``tasks/{id}/logs``                        POST    :class:`LogBatch` -> :class:`LogAck`
 ``tasks/{id}/artifacts/{name}``            PUT     bytes -> 201 :class:`Artifact`
+``tasks/{id}/result``                      PUT     bytes -> 201 :class:`BlobRef`
 ``tasks/{id}/complete``                    POST    :class:`TaskCompletion` -> :class:`Task`
 ``blobs/{sha256}``                         GET     -> bytes
 ``tokens``                                 GET     -> :class:`TokenList` (admin)
@@ -147,6 +151,7 @@ class JobKind(enum.StrEnum):
     """What a job runs."""
 
     command = "command"
+    function = "function"
 
 
 class LogStream(enum.StrEnum):
@@ -252,11 +257,50 @@ class Resources(_Request):
         return self
 
 
+INLINE_BYTES = 256 * 1024
+"""Payloads and results up to this size travel inline (base64 in JSON); larger ones
+go through the blob store."""
+
+
+_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+
+class FunctionCall(_Request):
+    """The pickled call(s) of a ``function`` job (see :mod:`gpulayer.payload`).
+
+    Exactly one of ``payload`` (inline; base64 in JSON) or ``payload_blob``
+    (uploaded to ``blobs``).
+    """
+
+    model_config = _BASE64
+
+    format: int = Field(ge=1, description="payload format version")
+    python: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+$")] = Field(
+        description="major.minor of the Python that pickled it"
+    )
+    name: Annotated[str, StringConstraints(max_length=512)] = Field(
+        "", description="the function's qualified name, for people"
+    )
+    payload: bytes | None = Field(None, max_length=INLINE_BYTES)
+    payload_blob: Sha256 | None = None
+    calls: int = Field(1, ge=1, le=100_000, description="calls in the payload (map chunks)")
+    retry_exceptions: bool = Field(
+        False, description="retry when the function raises (not only on crashes and loss)"
+    )
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> "FunctionCall":
+        if (self.payload is None) == (self.payload_blob is None):
+            raise ValueError("give exactly one of 'payload' (inline) or 'payload_blob'")
+        return self
+
+
 class JobSpec(_Request):
     """What a user submits.
 
-    Exactly one of ``command`` (an argv list, run without a shell) or ``shell``
-    (a string run by ``/bin/sh -c``) is given.
+    A ``command`` job gives exactly one of ``command`` (an argv list, run without
+    a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives
+    ``function`` and runs in one of the worker's warm Python runners.
     """
 
     api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
@@ -270,6 +314,7 @@ class JobSpec(_Request):
     bundle: Sha256 | None = Field(
         None, description="sha256 of a tar.gz uploaded to /blobs, unpacked as the task's cwd"
     )
+    function: FunctionCall | None = None
     resources: Resources = Resources()
     timeout: float | None = Field(None, description="seconds, or a string like '10m'")
     retries: int = Field(0, ge=0, le=20, description="extra attempts after a failure or loss")
@@ -283,9 +328,34 @@ class JobSpec(_Request):
 
     @model_validator(mode="after")
     def _one_program(self) -> "JobSpec":
+        if self.kind == JobKind.function:
+            if self.function is None:
+                raise ValueError("a 'function' job needs 'function' (the pickled call)")
+            if self.command is not None or self.shell is not None:
+                raise ValueError("a 'function' job takes no 'command' or 'shell'")
+            return self
+        if self.function is not None:
+            raise ValueError("'function' needs kind 'function'")
         if (self.command is None) == (self.shell is None):
             raise ValueError("give exactly one of 'command' (argv list) or 'shell' (string)")
         return self
+
+
+class JobBatch(_Request):
+    """Several jobs submitted in one request (``POST jobs/batch``), all or none."""
+
+    api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
+    jobs: list[JobSpec] = Field(min_length=1, max_length=1000)
+
+
+class WaitAny(_Request):
+    """``POST jobs/wait``: hold until at least one of ``ids`` has ended."""
+
+    api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
+    ids: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
+        min_length=1, max_length=1000
+    )
+    timeout: float = Field(30.0, ge=0, le=300, description="seconds to hold")
 
 
 class Task(_Document):
@@ -308,6 +378,8 @@ class Task(_Document):
 class Job(_Document):
     """A submitted job with its current state."""
 
+    model_config = _BASE64
+
     api_version: str = API_VERSION
     id: str
     spec: JobSpec
@@ -323,6 +395,11 @@ class Job(_Document):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     tasks: list[Task] = []
+    result: bytes | None = Field(
+        None, description="a function job's outcomes when small (only in single-job answers)"
+    )
+    result_size: int | None = Field(None, description="bytes of a function job's result")
+    log_lines: int = Field(0, description="lines of output stored so far")
     pending_reasons: list[str] = Field(
         [], description="while queued: per worker, why the job does not fit there"
     )
@@ -498,6 +575,9 @@ class WorkerRegistration(_Request):
     labels: dict[LabelKey, str] = {}
     slots: int = Field(4, ge=1, le=1024, description="tasks it runs at once")
     version: str
+    python: Annotated[str, StringConstraints(max_length=32)] = Field(
+        "", description="major.minor of the Python its function runners use"
+    )
     running_tasks: list[str] = Field(
         [], description="task ids still running here (after a reconnect)"
     )
@@ -554,9 +634,18 @@ class TaskCompletion(_Request):
     """How a task ended, as the worker saw it (``lost``: the worker gave it up,
     e.g. while shutting down; it is retried like a task of a vanished worker)."""
 
+    model_config = _BASE64
+
     state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     exit_code: int | None = None
     reason: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    result: bytes | None = Field(
+        None, max_length=INLINE_BYTES, description="a function task's outcomes, inline"
+    )
+    result_blob: Sha256 | None = Field(
+        None, description="a function task's outcomes, PUT to tasks/{id}/result first"
+    )
+    retry: bool = Field(True, description="false: a failure that retrying cannot change")
 
 
 class Worker(_Document):
@@ -572,6 +661,7 @@ class Worker(_Document):
     labels: dict[str, str] = {}
     slots: int
     version: str
+    python: str = ""
     registered_at: datetime
     last_heartbeat: datetime | None = None
     running_tasks: list[str] = []

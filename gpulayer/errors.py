@@ -7,6 +7,7 @@ the client turns the body back into the same class::
     GpulayerError
     ├── ConfigError            no control plane configured, bad config file
     ├── ValidationError        a request or option is malformed        (400)
+    │   └── PayloadError       a call or value cannot be pickled or read here
     ├── AuthError              missing, unknown or expired token       (401)
     │   ├── Forbidden          the token's role may not do this        (403)
     │   └── RateLimited        too many failed logins from one address (429)
@@ -18,6 +19,7 @@ the client turns the body back into the same class::
     │   └── ConnectionFailed   the control plane cannot be reached
     │       └── CertificateMismatch  its TLS certificate is not the pinned one
     └── JobFailed              a job ended in failed / timed_out / lost / cancelled
+        └── RemoteError        a remote function raised what cannot be re-raised here
 """
 
 from typing import ClassVar
@@ -44,6 +46,13 @@ class ValidationError(GpulayerError):
     """A request body, query argument or option is malformed."""
 
     code = "invalid"
+
+
+class PayloadError(ValidationError):
+    """A call or value cannot be pickled here, or a payload comes from another
+    Python or a newer gpulayer (the message says what to do)."""
+
+    code = "bad_payload"
 
 
 class AuthError(GpulayerError):
@@ -161,11 +170,55 @@ class JobFailed(GpulayerError):
         return [f"JobFailed: job {self.job_id} {self.state}{where}: {self.reason or self.message}"]
 
 
+class RemoteError(JobFailed):
+    """A remote function raised an exception that cannot be re-raised here (its
+    class does not unpickle in this process); carries its type name and the
+    remote traceback, which IPython shows as the error."""
+
+    code = "remote_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remote_type: str,
+        remote_traceback: str,
+        job_id: str,
+        worker: str | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, state="failed", reason=message, worker=worker)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return f"{self.remote_type}: {self.message}\n\n{_where(self.job_id, self.worker)}"
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the remote traceback instead of the local client stack."""
+        return [*self.remote_traceback.rstrip().splitlines(), _where(self.job_id, self.worker)]
+
+
+class RemoteTraceback(Exception):
+    """The cause attached to a re-raised remote exception: its str is the remote traceback."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n\n" + self.text.rstrip()
+
+
+def _where(job_id: str, worker: str | None) -> str:
+    return f"(raised in job {job_id}" + (f" on worker {worker})" if worker else ")")
+
+
 _BY_CODE: dict[str, type[GpulayerError]] = {
     cls.code: cls
     for cls in (
         ConfigError,
         ValidationError,
+        PayloadError,
         AuthError,
         Forbidden,
         RateLimited,

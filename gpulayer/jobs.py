@@ -89,17 +89,7 @@ class Job:
 
     def failure(self) -> errors.JobFailed:
         """The :class:`~gpulayer.errors.JobFailed` describing how the job ended."""
-        info = self.info
-        code = "" if info.exit_code is None else f" (exit {info.exit_code})"
-        reason = f": {info.reason}" if info.reason else ""
-        return errors.JobFailed(
-            f"job {info.id} {info.state}{code}{reason}",
-            job_id=info.id,
-            state=str(info.state),
-            reason=info.reason,
-            exit_code=info.exit_code,
-            worker=info.worker_name,
-        )
+        return failure_of(self.info)
 
     @overload
     def logs(self, follow: Literal[False] = False) -> list[str]: ...
@@ -145,3 +135,17 @@ class Job:
         if self.info.worker_name:
             parts.append(f"worker={self.info.worker_name}")
         return " ".join(parts) + ">"
+
+
+def failure_of(info: contracts.Job) -> errors.JobFailed:
+    """The :class:`~gpulayer.errors.JobFailed` describing how a job ended."""
+    code = "" if info.exit_code is None else f" (exit {info.exit_code})"
+    reason = f": {info.reason}" if info.reason else ""
+    return errors.JobFailed(
+        f"job {info.id} {info.state}{code}{reason}",
+        job_id=info.id,
+        state=str(info.state),
+        reason=info.reason,
+        exit_code=info.exit_code,
+        worker=info.worker_name,
+    )

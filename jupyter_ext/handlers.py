@@ -22,14 +22,17 @@ from tornado import web
 
 from gpulayer import __version__
 from gpulayer.contracts import (
+    TERMINAL_STATES,
     ArtifactList,
     BlobRef,
     ErrorBody,
     EventList,
     Health,
+    JobBatch,
     JobList,
     JobSpec,
     JobState,
+    WaitAny,
     WorkerList,
 )
 from gpulayer.errors import (
@@ -313,12 +316,64 @@ class JobsHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("submitter")
     async def post(self) -> None:
-        """Submit a ``JobSpec``; 201 with the job and its ``Location``."""
+        """Submit a ``JobSpec``; 201 with the job and its ``Location``. With ``wait=S``
+        the answer waits up to S seconds for the job to end (a quick function call
+        then costs one request)."""
         spec = self.parse(JobSpec)
+        hold = self.float_arg("wait", 0.0, self.gl.config.long_poll_seconds)
         assert self.principal is not None
         job = await self.gl.scheduler.submit(spec, owner=self.principal.name)
         self.set_header("Location", self.request.path.rstrip("/") + "/" + job.id)
+        if hold > 0 and job.state not in TERMINAL_STATES:
+            job = await self.long_poll(self.gl.scheduler.wait(job.id, hold)) or job
         self.reply(job, 201)
+
+
+class JobBatchHandler(GpulayerAPIHandler):
+    """``POST jobs/batch``: several jobs in one request."""
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self) -> None:
+        """Submit every spec of a ``JobBatch`` (all or none); 201 with the jobs."""
+        batch = self.parse(JobBatch)
+        assert self.principal is not None
+        jobs = await self.gl.scheduler.submit_many(batch.jobs, owner=self.principal.name)
+        self.reply(JobList(jobs=jobs), 201)
+
+
+class JobsWaitHandler(GpulayerAPIHandler):
+    """``POST jobs/wait``: long poll until any of several jobs ends."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def post(self) -> None:
+        """200 with the jobs that ended (small results included), or 204."""
+        req = self.parse(WaitAny)
+        p = self.principal
+        if p is not None and p.role == "submitter":
+            rows = await self.gl.store.jobs_by_ids(req.ids)
+            theirs = {r["id"] for r in rows if r["owner"] == p.name}
+            if missing := [i for i in req.ids if i not in theirs]:
+                raise NotFound(f"no job with id {missing[0]!r}", field="ids")
+        timeout = min(req.timeout, self.gl.config.long_poll_seconds)
+        jobs = await self.long_poll(self.gl.scheduler.wait_any(req.ids, timeout))
+        if jobs is None:
+            self.no_content()
+        else:
+            self.reply(JobList(jobs=jobs))
+
+
+class JobResultHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/result``: a function job's pickled outcomes."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def get(self, job_id: str) -> None:
+        """The result bytes (unpickle them only if you trust the job's code)."""
+        await self.visible_job(job_id)
+        data = await self.gl.scheduler.result(job_id)
+        self.finish(data, set_content_type="application/octet-stream")
 
 
 class JobHandler(GpulayerAPIHandler):
@@ -481,7 +536,10 @@ JOB = _ID.format("job_id")
 ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"health", HealthHandler),
     (r"jobs", JobsHandler),
+    (r"jobs/batch", JobBatchHandler),
+    (r"jobs/wait", JobsWaitHandler),
     (rf"jobs/{JOB}", JobHandler),
+    (rf"jobs/{JOB}/result", JobResultHandler),
     (rf"jobs/{JOB}/wait", JobWaitHandler),
     (rf"jobs/{JOB}/cancel", JobCancelHandler),
     (rf"jobs/{JOB}/events", JobEventsHandler),

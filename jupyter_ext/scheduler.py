@@ -41,6 +41,7 @@ from gpulayer.contracts import (
     Acquired,
     Artifact,
     Assignment,
+    BlobRef,
     Event,
     Heartbeat,
     HeartbeatReply,
@@ -73,9 +74,9 @@ from .placement import (
     usage_by_worker,
     waiting_report,
 )
-from .store import Store, as_datetime, job_model, task_model
+from .store import Store, as_datetime, job_model, result_statement, task_model
 from .streams import Notifier, job_key, logs_key, worker_key
-from .transitions import TERMINAL, check, event, job_to, task_end
+from .transitions import TERMINAL, Statement, check, event, job_to, task_end
 
 log = logging.getLogger("gpulayer.scheduler")
 
@@ -146,14 +147,22 @@ class Scheduler:
 
     async def submit(self, spec: JobSpec, owner: str) -> Job:
         """Queue a job and try to place it at once."""
-        if spec.bundle is not None and not self.blobs.exists(spec.bundle):
-            raise ValidationError(
-                f"bundle {spec.bundle} was not uploaded (POST it to /blobs first)", field="bundle"
-            )
+        return (await self.submit_many([spec], owner))[0]
+
+    async def submit_many(self, specs: Sequence[JobSpec], owner: str) -> list[Job]:
+        """Queue several jobs in one transaction (all or none), then place what fits."""
+        for spec in specs:
+            for sha, what in ((spec.bundle, "bundle"), (_payload_blob(spec), "function payload")):
+                if sha is not None and not self.blobs.exists(sha):
+                    raise ValidationError(
+                        f"{what} {sha} was not uploaded (POST it to /blobs first)",
+                        field="bundle" if what == "bundle" else "function.payload_blob",
+                    )
         now = self.clock()
-        job_id = _new_id()
-        await self.store.insert_job(
-            {
+        rows = []
+        for spec in specs:
+            job_id = _new_id()
+            job = {
                 "id": job_id,
                 "spec": spec.model_dump_json(),
                 "state": "queued",
@@ -162,23 +171,41 @@ class Scheduler:
                 "priority": spec.priority,
                 "created_at": now,
                 "updated_at": now,
-            },
-            {"job_id": job_id, "ts": now, "state": "queued", "reason": f"submitted by {owner}"},
-        )
-        log.info("job %s queued", job_id)
-        self._specs[job_id] = (spec, shape(spec.resources))
+            }
+            why = f"submitted by {owner}"
+            rows.append((job, {"job_id": job_id, "ts": now, "state": "queued", "reason": why}))
+        await self.store.insert_jobs(rows)
+        for spec, (job, _) in zip(specs, rows, strict=True):
+            self._specs[job["id"]] = (spec, shape(spec.resources))
+        log.info("%d job(s) queued, first %s", len(rows), rows[0][0]["id"])
         try:
             await self.schedule()
-        except Exception:  # the job is stored and queued; the next pass places it
-            log.exception("placement after submitting %s failed", job_id)
-        return await self.get_job(job_id)
+        except Exception:  # the jobs are stored and queued; the next pass places them
+            log.exception("placement after submitting %s failed", rows[0][0]["id"])
+        if len(rows) == 1:
+            return [await self.get_job(rows[0][0]["id"])]
+        return await self.jobs_by_ids([job["id"] for job, _ in rows])
 
-    async def get_job(self, job_id: str) -> Job:
-        """A job with its tasks (and, while queued, why it waits)."""
+    async def jobs_by_ids(self, job_ids: Sequence[str], *, with_results: bool = False) -> list[Job]:
+        """Several jobs (without tasks or pending reasons), in the order of ``job_ids``."""
+        rows = {r["id"]: r for r in await self.store.jobs_by_ids(job_ids)}
+        names = await self._worker_names()
+        jobs = [job_model(rows[i], [], names) for i in job_ids if i in rows]
+        if with_results:
+            results = await self.store.results([j.id for j in jobs])
+            for j in jobs:
+                _attach(j, results.get(j.id))
+        return jobs
+
+    async def get_job(self, job_id: str, *, with_result: bool = True) -> Job:
+        """A job with its tasks, a function job's small result (and, while queued,
+        why it waits)."""
         row = await self._job_row(job_id)
         views = await self.fleet.views()
         names = {w.id: w.name for w in views}
         job = job_model(row, await self.store.tasks_of_job(job_id), names)
+        if with_result and job.spec.kind == "function" and job.state in _TERMINAL:
+            _attach(job, await self.store.result(job_id))
         if job.state == JobState.queued:
             report = await self._waiting(job.spec.resources, job.id, views)
             job.pending_reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [
@@ -259,6 +286,38 @@ class Scheduler:
 
         return await self.notifier.wait_for(job_key(job_id), ended, timeout)
 
+    async def wait_any(self, job_ids: Sequence[str], timeout: float) -> list[Job] | None:
+        """The jobs among ``job_ids`` that ended (with small results), as soon as at
+        least one has; None if none did within ``timeout`` s."""
+        unique = list(dict.fromkeys(job_ids))
+        known = await self.store.jobs_by_ids(unique)
+        if len(known) != len(unique):
+            missing = sorted(set(unique) - {r["id"] for r in known})
+            raise NotFound(f"no job with id {missing[0]!r}", field="ids")
+
+        async def ended() -> list[Job] | None:
+            rows = await self.store.jobs_by_ids(unique)
+            done = [r["id"] for r in rows if r["state"] in _TERMINAL]
+            return await self.jobs_by_ids(done, with_results=True) if done else None
+
+        return await self.notifier.wait_for([job_key(i) for i in unique], ended, timeout)
+
+    async def result(self, job_id: str) -> bytes:
+        """A function job's pickled outcomes.
+
+        Raises
+        ------
+        NotFound
+            While the job has none (not a function job, or not ended successfully).
+        """
+        await self._job_row(job_id)
+        row = await self.store.result(job_id)
+        if row is None:
+            raise NotFound(f"job {job_id} has no result (yet)")
+        if row["inline"] is not None:
+            return bytes(row["inline"])
+        return await self.blobs.read(row["sha256"])
+
     async def logs(self, job_id: str, offset: int, limit: int, wait: float) -> LogPage:
         """Lines from ``offset``; waits up to ``wait`` s for the first new one."""
         await self._job_row(job_id)
@@ -326,7 +385,7 @@ class Scheduler:
             worker_id = existing["id"] if existing is not None else _new_id()
             info = reg.model_dump(
                 mode="json",
-                include={"cpus", "memory_bytes", "devices", "labels", "slots", "version"},
+                include={"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python"},
             )
             await self.store.upsert_worker(
                 {
@@ -470,9 +529,12 @@ class Scheduler:
                     reason = done.reason
                     if done.state == "cancelled" and task["cancel_requested"]:
                         reason = await self._cancel_reason(task) or reason
-                    await self.store.apply(
-                        await self._finish(task, done.state, done.exit_code, reason)
+                    stmts = await self._finish(
+                        task, done.state, done.exit_code, reason, retry=done.retry
                     )
+                    if done.result is not None or done.result_blob is not None:
+                        stmts.append(await self._result_statement(task, done))
+                    await self.store.apply(stmts)
             log.info("task %s %s", task_id, done.state)
             if done.state == "lost" and task["worker_id"]:
                 # The worker gave the task up because it is going away: place nothing
@@ -481,6 +543,26 @@ class Scheduler:
             self._notify_job(task["job_id"])
             await self.schedule()
         return task_model(await self._task_row(task_id))
+
+    async def add_result(self, principal: Principal, task_id: str, data: bytes) -> BlobRef:
+        """Keep a function task's large result as a blob (its completion names it)."""
+        task = await self._own_task(principal, task_id)
+        if task["state"] in _TERMINAL:
+            raise Conflict(f"task {task_id} already {task['state']}")
+        sha, size = await self.blobs.put(data)
+        return BlobRef(sha256=sha, size=size)
+
+    async def _result_statement(self, task: sqlite3.Row, done: TaskCompletion) -> Statement:
+        if done.result is not None:
+            return result_statement(task["job_id"], task["id"], done.result, None, len(done.result))
+        assert done.result_blob is not None
+        if not self.blobs.exists(done.result_blob):
+            raise ValidationError(
+                f"result {done.result_blob} was not uploaded (PUT tasks/{{id}}/result first)",
+                field="result_blob",
+            )
+        size = self.blobs.path(done.result_blob).stat().st_size
+        return result_statement(task["job_id"], task["id"], None, done.result_blob, size)
 
     # ----------------------------------------------------------- placement
 
@@ -684,14 +766,21 @@ class Scheduler:
     # ------------------------------------------------------- state changes
 
     async def _finish(
-        self, task: sqlite3.Row, state: str, exit_code: int | None, reason: str | None
+        self,
+        task: sqlite3.Row,
+        state: str,
+        exit_code: int | None,
+        reason: str | None,
+        *,
+        retry: bool = True,
     ) -> list[tuple[str, Sequence[Any]]]:
-        """Statements that end ``task`` and move its job on (lock held)."""
+        """Statements that end ``task`` and move its job on (lock held); ``retry``
+        False ends the job even when attempts are left (the failure is its answer)."""
         job = await self._job_row(task["job_id"])
         spec = JobSpec.model_validate_json(job["spec"])
         reason = reason or {"succeeded": "exit code 0"}.get(state, state)
         stmts = task_end(self.clock(), task, state, exit_code, reason)
-        if state in ("failed", "lost") and job["attempts"] <= spec.retries:
+        if retry and state in ("failed", "lost") and job["attempts"] <= spec.retries:
             left = spec.retries - job["attempts"] + 1
             stmts += job_to(
                 self.clock(),
@@ -740,3 +829,14 @@ class Scheduler:
 
     async def _worker_names(self) -> dict[str, str]:
         return {w.id: w.name for w in await self.fleet.views()}
+
+
+def _payload_blob(spec: JobSpec) -> str | None:
+    return spec.function.payload_blob if spec.function is not None else None
+
+
+def _attach(job: Job, row: sqlite3.Row | None) -> None:
+    """Put a stored result on ``job``: its size, and its bytes when kept inline."""
+    if row is not None:
+        job.result_size = row["size"]
+        job.result = bytes(row["inline"]) if row["inline"] is not None else None

@@ -129,8 +129,19 @@ ALTER TABLE tokens ADD COLUMN used_at REAL;
 CREATE INDEX IF NOT EXISTS tokens_by_name ON tokens (name);
 """
 
+# v4: what function jobs returned (pickled outcomes), inline or as a blob.
+_SCHEMA_V4 = """
+CREATE TABLE IF NOT EXISTS results (
+    job_id      TEXT PRIMARY KEY REFERENCES jobs(id),
+    task_id     TEXT NOT NULL,
+    inline      BLOB,
+    sha256      TEXT,
+    size        INTEGER NOT NULL
+);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
@@ -228,13 +239,30 @@ class Store:
 
     # ----------------------------------------------------------------- jobs
 
-    async def insert_job(self, row: dict[str, Any], event: dict[str, Any]) -> None:
-        """Store a new job and its first event together."""
-        await self._write([_insert("jobs", row), _insert("events", event)])
+    async def insert_jobs(self, jobs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Store new jobs, each with its first event, in one transaction."""
+        await self._write(
+            stmt for row, event in jobs for stmt in (_insert("jobs", row), _insert("events", event))
+        )
+
+    async def result(self, job_id: str) -> sqlite3.Row | None:
+        """A function job's stored result row (``inline`` bytes or ``sha256``, ``size``)."""
+        return await self._one("SELECT * FROM results WHERE job_id = ?", (job_id,))
+
+    async def results(self, job_ids: Sequence[str]) -> dict[str, sqlite3.Row]:
+        """Result rows of several jobs, by job id."""
+        marks = ",".join("?" * len(job_ids))
+        rows = await self._all(f"SELECT * FROM results WHERE job_id IN ({marks})", job_ids)
+        return {r["job_id"]: r for r in rows}
 
     async def get_job(self, job_id: str) -> sqlite3.Row | None:
         """One job row by id."""
         return await self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+
+    async def jobs_by_ids(self, job_ids: Sequence[str]) -> list[sqlite3.Row]:
+        """The job rows among ``job_ids`` that exist."""
+        marks = ",".join("?" * len(job_ids))
+        return await self._all(f"SELECT * FROM jobs WHERE id IN ({marks})", job_ids)
 
     async def list_jobs(
         self, state: str | None, limit: int, owner: str | None = None
@@ -560,6 +588,14 @@ def _insert(table: str, row: dict[str, Any], *, replace: bool = False) -> tuple[
 # ------------------------------------------------------ rows -> contract models
 
 
+def result_statement(
+    job_id: str, task_id: str, inline: bytes | None, sha256: str | None, size: int
+) -> tuple[str, list[Any]]:
+    """The statement that keeps a function job's result (the latest attempt's wins)."""
+    row = {"job_id": job_id, "task_id": task_id, "inline": inline, "sha256": sha256, "size": size}
+    return _insert("results", row, replace=True)
+
+
 def as_datetime(ts: float | None) -> datetime | None:
     """A stored UNIX time as an aware UTC datetime."""
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
@@ -600,6 +636,7 @@ def job_model(r: sqlite3.Row, tasks: list[sqlite3.Row], names: dict[str, str]) -
         started_at=as_datetime(r["started_at"]),
         ended_at=as_datetime(r["ended_at"]),
         tasks=[task_model(t, names) for t in tasks],
+        log_lines=r["log_count"],
     )
 
 

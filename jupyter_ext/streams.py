@@ -9,7 +9,7 @@ never lost (the pattern of tornado's chat demo, plus a hold timeout).
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -47,14 +47,20 @@ class Notifier:
         return sum(len(s) for s in self._waiters.values())
 
     async def wait_for(
-        self, key: str, check: Callable[[], Awaitable[T | None]], timeout: float
+        self,
+        key: str | Sequence[str],
+        check: Callable[[], Awaitable[T | None]],
+        timeout: float,
     ) -> T | None:
-        """Return ``check()``'s first non-None result, or None after ``timeout`` s."""
+        """Return ``check()``'s first non-None result, or None after ``timeout`` s;
+        ``check`` runs again whenever ``key`` (or any of several keys) is notified."""
+        keys = [key] if isinstance(key, str) else list(key)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
             fut: asyncio.Future[None] = loop.create_future()
-            self._waiters[key].add(fut)
+            for k in keys:
+                self._waiters[k].add(fut)
             try:
                 result = await check()
                 if result is not None:
@@ -67,8 +73,9 @@ class Notifier:
                 except TimeoutError:
                     return await check()
             finally:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(fut)
-                    if not waiters:
-                        del self._waiters[key]
+                for k in keys:
+                    waiters = self._waiters.get(k)
+                    if waiters is not None:
+                        waiters.discard(fut)
+                        if not waiters:
+                            del self._waiters[k]

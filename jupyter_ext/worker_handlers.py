@@ -115,6 +115,23 @@ class TaskArtifactHandler(WorkerRouteHandler):
         self.reply(art, 201)
 
 
+class TaskResultHandler(WorkerRouteHandler):
+    """``PUT tasks/{id}/result``: a function task's outcomes too large to send inline."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Results may be as large as an artifact."""
+        return self.settings["gpulayer"].config.max_blob_bytes
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def put(self, task_id: str) -> None:
+        """Keep the body; the completion then names it as ``result_blob``."""
+        assert self.principal is not None
+        ref = await self.gl.scheduler.add_result(self.principal, task_id, self.request.body)
+        self.reply(ref, 201)
+
+
 class TaskCompleteHandler(WorkerRouteHandler):
     """``POST tasks/{id}/complete``."""
 
@@ -151,6 +168,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"workers/(?P<worker_id>[^/]+)/acquire", AcquireHandler),
     (r"tasks/(?P<task_id>[^/]+)/logs", TaskLogsHandler),
     (r"tasks/(?P<task_id>[^/]+)/artifacts/(?P<name>.+)", TaskArtifactHandler),
+    (r"tasks/(?P<task_id>[^/]+)/result", TaskResultHandler),
     (r"tasks/(?P<task_id>[^/]+)/complete", TaskCompleteHandler),
     (r"blobs/(?P<sha256>[^/]+)", BlobHandler),
 ]

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -49,8 +50,16 @@ from gpulayer.errors import (
     error_for_code,
 )
 from gpulayer.worker import devices
+from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.process import CommandRun, Outcome, TaskDir, TreeSampler, task_env
+from gpulayer.worker.process import (
+    CommandRun,
+    Outcome,
+    TaskDir,
+    TreeSampler,
+    inherited_env,
+    task_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +96,8 @@ class AgentConfig:
     kill_grace_seconds: float = 5.0  # SIGTERM -> SIGKILL grace
     log_batch_seconds: float = 0.05  # how long to gather log lines into one batch
     fingerprint: str | None = None  # pinned sha256 of the server's TLS certificate
+    warm_runners: int = 1  # function runners started ahead of the first call
+    runner_max_calls: int = 1000  # calls before a function runner is replaced
 
 
 @dataclass(eq=False)
@@ -97,7 +108,7 @@ class _Task:
     logs: LogShipper
     shipper: "asyncio.Task[None] | None" = None
     pipeline: "asyncio.Task[None] | None" = None
-    run: CommandRun | None = None
+    run: CommandRun | FunctionRun | None = None
     dir: TaskDir | None = None
     cancel_reason: str | None = None
     abandoned: bool = False
@@ -146,6 +157,12 @@ class Agent:
         self._registrations = 0  # bumped by every successful registration
         self._register_lock = asyncio.Lock()
         self._outage_since: float | None = None
+        self._runners = RunnerPool(
+            inherited_env(),
+            max_idle=config.slots,
+            max_calls=config.runner_max_calls,
+            prestart=config.warm_runners,
+        )
         self._registration()  # fail fast on a bad name, slots or labels
 
     # ------------------------------------------------------------ life cycle
@@ -153,6 +170,7 @@ class Agent:
     async def serve(self) -> None:
         """Register, then heartbeat and acquire until cancelled."""
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
+        self._runners.start()
         await self._register()
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop())
 
@@ -161,6 +179,7 @@ class Agent:
         self._gpu_telemetry.close()
         tasks = list(self._tasks.values())
         if not tasks:
+            await self._runners.close()
             return
         log.info("worker %s stopping %d running task(s)", self.name, len(tasks))
         for task in tasks:
@@ -172,6 +191,7 @@ class Agent:
         for pipeline in late:
             pipeline.cancel()  # CommandRun SIGKILLs whatever is left
         await asyncio.gather(*late, return_exceptions=True)
+        await self._runners.close()
 
     # ---------------------------------------------------------- registration
 
@@ -187,6 +207,7 @@ class Agent:
                 labels=self.config.labels,
                 slots=self.config.slots,
                 version=gpulayer.__version__,
+                python=f"{sys.version_info.major}.{sys.version_info.minor}",
                 running_tasks=self._running_ids(),
             )
         except pydantic.ValidationError as e:
@@ -325,7 +346,13 @@ class Agent:
                 task.logs.add(c.LogStream.system, outcome.reason or "", _now())
             if task.released and outcome.state == "cancelled":
                 outcome = Outcome("lost", outcome.exit_code, outcome.reason)
-            log.info("task %s ended: %s%s", task.id, outcome.state, _because(outcome.reason))
+            log.log(
+                logging.DEBUG if task.assignment.spec.function else logging.INFO,
+                "task %s ended: %s%s",
+                task.id,
+                outcome.state,
+                _because(outcome.reason),
+            )
             if not task.abandoned:
                 await self._deliver(task, outcome)
             if task.dir is not None:
@@ -346,27 +373,51 @@ class Agent:
         async with self._slots:
             if task.cancel_reason is not None:
                 return Outcome("cancelled", None, task.cancel_reason)
-            log.info("task %s (job %s, attempt %d) started", a.task_id, a.job_id, a.attempt)
-            gpus = ", ".join(str(i) for i in a.gpu_indices)
-            where = (
-                f"GPU {gpus}" if len(a.gpu_indices) == 1 else f"GPUs {gpus}" if gpus else "no GPU"
+            fn = a.spec.function
+            log.log(
+                logging.DEBUG if fn else logging.INFO,
+                "task %s (job %s, attempt %d) started",
+                a.task_id,
+                a.job_id,
+                a.attempt,
             )
-            task.logs.add(c.LogStream.system, f"started on {self.name} ({where})", _now())
+            if fn is None:  # a function call stays quiet: its log holds what it prints
+                gpus = ", ".join(str(i) for i in a.gpu_indices)
+                where = (
+                    f"GPU {gpus}"
+                    if len(a.gpu_indices) == 1
+                    else f"GPUs {gpus}"
+                    if gpus
+                    else "no GPU"
+                )
+                task.logs.add(c.LogStream.system, f"started on {self.name} ({where})", _now())
             task.dir = await asyncio.to_thread(TaskDir.create, self.data_dir / "tasks", a.task_id)
             try:
                 if a.spec.bundle is not None:
                     data = await self._blob(a.spec.bundle)
                     await asyncio.to_thread(task.dir.unpack, data)
+                if fn is not None:
+                    payload = (
+                        fn.payload
+                        if fn.payload is not None
+                        else await self._blob(fn.payload_blob or "")
+                    )
             except GpulayerError as e:
                 task.logs.add(c.LogStream.system, str(e), _now())
                 return Outcome("failed", None, str(e))
-            task.run = CommandRun(
-                a.spec,
-                cwd=task.dir.work,
-                env=task_env(a, task.dir.artifacts),
-                on_line=task.logs.add,
-                kill_grace_seconds=self.config.kill_grace_seconds,
-            )
+            env = task_env(a, task.dir.artifacts)
+            if fn is not None:
+                task.run = FunctionRun(
+                    self._runners, a, payload, env=env, cwd=task.dir.work, on_line=task.logs.add
+                )
+            else:
+                task.run = CommandRun(
+                    a.spec,
+                    cwd=task.dir.work,
+                    env=env,
+                    on_line=task.logs.add,
+                    kill_grace_seconds=self.config.kill_grace_seconds,
+                )
             if task.cancel_reason is not None:
                 task.run.cancel(task.cancel_reason)
             return await task.run.run()
@@ -386,7 +437,14 @@ class Agent:
             await task.logs.flush()  # lines about artifacts that were not kept
         if task.abandoned:
             return
-        resp = await self._call("POST", f"tasks/{task.id}/complete", body=outcome.completion())
+        blob = None
+        if outcome.result is not None and len(outcome.result) > c.INLINE_BYTES:
+            blob = await self._upload_result(task, outcome.result)
+            if blob is None:
+                return
+        resp = await self._call(
+            "POST", f"tasks/{task.id}/complete", body=outcome.completion(result_blob=blob)
+        )
         if resp.is_success:
             c.Task.model_validate(resp.json())
         else:
@@ -398,6 +456,15 @@ class Agent:
             return c.LogAck.model_validate(resp.json())
         if task := self._tasks.get(task_id):
             task.abandon(f"logs refused: {_describe(resp)}")
+        return None
+
+    async def _upload_result(self, task: _Task, result: bytes) -> str | None:
+        """PUT a large function result; its sha256, or None when the task was refused."""
+        headers = {"Content-Type": "application/octet-stream"}
+        resp = await self._call("PUT", f"tasks/{task.id}/result", content=result, headers=headers)
+        if resp.is_success:
+            return c.BlobRef.model_validate(resp.json()).sha256
+        task.abandon(f"result upload refused: {_describe(resp)}")
         return None
 
     async def _upload_artifact(self, task: _Task, name: str, path: Path) -> None:

@@ -58,11 +58,21 @@ class Outcome:
     state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     exit_code: int | None = None
     reason: str | None = None
+    result: bytes | None = None  # a function task's pickled outcomes
+    retry: bool = True  # False: the failure is the program's answer (a function raised)
 
-    def completion(self) -> TaskCompletion:
-        """The completion body the worker sends for this outcome."""
+    def completion(self, result_blob: str | None = None) -> TaskCompletion:
+        """The completion body the worker sends for this outcome; the result goes
+        inline unless it was uploaded as ``result_blob``."""
         reason = None if self.reason is None else self.reason[:4096]
-        return TaskCompletion(state=self.state, exit_code=self.exit_code, reason=reason)
+        return TaskCompletion(
+            state=self.state,
+            exit_code=self.exit_code,
+            reason=reason,
+            result=None if result_blob else self.result,
+            result_blob=result_blob,
+            retry=self.retry,
+        )
 
 
 class TaskDir:
@@ -110,12 +120,19 @@ class TaskDir:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a task's environment starts from: ``base`` (default ``os.environ``)
+    without the worker's secrets."""
+    source = os.environ if base is None else base
+    return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
+
+
 def task_env(
     assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The environment of a task's process: ``base`` (default ``os.environ``), then the
     job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _PRIVATE_ENV}
+    env = inherited_env(base)
     env.update(assignment.spec.env)
     env.update(
         GPULAYER_JOB_ID=assignment.job_id,

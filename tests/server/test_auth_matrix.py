@@ -111,6 +111,22 @@ async def _running_task(ctx: Ctx) -> dict[str, Any]:
     return {"task_id": a["task_id"]}
 
 
+async def _job_with_result(ctx: Ctx) -> dict[str, Any]:
+    fn = {"format": 1, "python": "3.11", "payload": "eA=="}
+    spec = {"kind": "function", "function": fn, "resources": PLACEABLE["resources"]}
+    _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=spec)
+    _, got = await ctx.as_(
+        "worker", "workers", ctx.worker_id, "acquire", method="POST", params={"wait": "0"}
+    )
+    (a,) = got["assignments"]
+    status, _ = await ctx.as_(
+        "worker", "tasks", a["task_id"], "complete", method="POST",
+        json_body={"state": "succeeded", "result": "eA=="},
+    )  # fmt: skip
+    assert status == 200
+    return {"job_id": job["id"]}
+
+
 async def _token(ctx: Ctx) -> dict[str, Any]:
     name = fresh_name("victim")
     await ctx.admin("tokens", method="POST", json_body={"name": name, "role": "viewer"})
@@ -143,6 +159,17 @@ MATRIX: dict[type, dict[str, Case]] = {
         "get": Case(lambda c, f: ("jobs",), _read()),
         "post": Case(lambda c, f: ("jobs",), {"admin": 201, "submitter": 201},
                      body=lambda c, f: UNPLACEABLE),
+    },
+    H.JobBatchHandler: {
+        "post": Case(lambda c, f: ("jobs", "batch"), {"admin": 201, "submitter": 201},
+                     body=lambda c, f: {"jobs": [UNPLACEABLE, UNPLACEABLE]}),
+    },
+    H.JobsWaitHandler: {
+        "post": Case(lambda c, f: ("jobs", "wait"), _read(204),
+                     body=lambda c, f: {"ids": [c.job_id], "timeout": 0}),
+    },
+    H.JobResultHandler: {
+        "get": Case(lambda c, f: ("jobs", f["job_id"], "result"), _read(), fresh=_job_with_result),
     },
     H.JobHandler: {"get": Case(JOB, _read())},
     H.JobWaitHandler: {
@@ -191,6 +218,10 @@ MATRIX: dict[type, dict[str, Case]] = {
     W.TaskArtifactHandler: {
         "put": Case(lambda c, f: ("tasks", c.task_id, "artifacts", "more.txt"),
                     {"admin": 201, "worker": 201}, body=lambda c, f: b"data"),
+    },
+    W.TaskResultHandler: {
+        "put": Case(lambda c, f: ("tasks", c.task_id, "result"), {"admin": 201, "worker": 201},
+                    body=lambda c, f: b"outcomes"),
     },
     W.TaskCompleteHandler: {
         "post": Case(lambda c, f: ("tasks", f["task_id"], "complete"),
