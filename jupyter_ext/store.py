@@ -555,12 +555,14 @@ class Store:
         return [r["id"] for r in rows]
 
     async def worker_has_bundle(self, worker_id: str, sha256: str) -> bool:
-        """Whether a task placed on the worker (and not ended) has this bundle."""
+        """Whether a task placed on the worker (and not ended) has this bundle or
+        function payload."""
         row = await self._one(
             "SELECT 1 FROM tasks JOIN jobs ON jobs.id = tasks.job_id"
             " WHERE tasks.worker_id = ? AND tasks.state IN ('scheduled', 'running')"
-            " AND json_extract(jobs.spec, '$.bundle') = ? LIMIT 1",
-            (worker_id, sha256),
+            " AND (json_extract(jobs.spec, '$.bundle') = ?"
+            " OR json_extract(jobs.spec, '$.function.payload_blob') = ?) LIMIT 1",
+            (worker_id, sha256, sha256),
         )
         return row is not None
 

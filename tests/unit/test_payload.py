@@ -1,0 +1,86 @@
+"""The payload envelope: header checks before unpickling, outcomes, local modules by value."""
+
+import sys
+
+import pytest
+
+from gpulayer import payload
+from gpulayer.errors import PayloadError
+
+
+def test_round_trip_of_calls_and_outcomes():
+    data = payload.pack_calls(lambda x, y=1: x + y, [((1,), {}), ((1,), {"y": 5})])
+    assert payload.header(data).kind == "calls"
+    packed, summary = payload.run_calls(data)
+    assert summary == payload.Summary(calls=2, errors=0, first_error="")
+    assert [o.value for o in payload.unpack(packed, "outcomes")] == [2, 6]
+
+
+def test_an_exception_is_an_outcome_with_its_traceback():
+    def fail(x):
+        raise ValueError(f"no {x}")
+
+    packed, summary = payload.run_calls(payload.pack_calls(fail, [((3,), {})]))
+    assert summary.errors == 1 and summary.first_error == "ValueError: no 3"
+    (outcome,) = payload.unpack(packed, "outcomes")
+    assert not outcome.ok
+    assert isinstance(outcome.error(), ValueError)
+    assert "in fail" in outcome.traceback and "run_calls" not in outcome.traceback
+
+
+def test_another_python_is_refused_before_unpickling(monkeypatch):
+    monkeypatch.setattr(payload, "PYTHON", "3.10")
+    data = payload.pack("values", {"a": 1})
+    monkeypatch.undo()
+    with pytest.raises(PayloadError, match=r"made by Python 3\.10 .* runs Python 3\.\d+"):
+        payload.unpack(data, "values")
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"nope", "not a gpulayer payload"),
+        (payload.MAGIC + (10**6).to_bytes(4, "big"), "bad header length"),
+        (payload.MAGIC + (7).to_bytes(4, "big") + b"{bad js", "corrupt"),
+    ],
+)
+def test_garbage_is_refused_with_a_clear_message(data, message):
+    with pytest.raises(PayloadError, match=message):
+        payload.header(data)
+
+
+def test_a_newer_format_asks_for_an_upgrade(monkeypatch):
+    monkeypatch.setattr(payload, "FORMAT", 99)
+    data = payload.pack("values", 1)
+    monkeypatch.undo()
+    with pytest.raises(PayloadError, match="upgrade gpulayer"):
+        payload.header(data)
+
+
+def test_unpicklable_values_are_named():
+    import threading
+
+    with pytest.raises(PayloadError, match="cannot send the thing: TypeError"):
+        payload.pack("values", threading.Lock(), what="the thing")
+
+
+def test_a_value_that_cannot_travel_back_becomes_that_calls_error():
+    import threading
+
+    _, summary = payload.run_calls(payload.pack_calls(lambda: threading.Lock(), [((), {})]))
+    assert summary.errors == 1 and "cannot be sent back" in summary.first_error
+
+
+def test_local_modules_travel_by_value(tmp_path, monkeypatch):
+    (tmp_path / "gl_local_mod_q.py").write_text("def double(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gl_local_mod_q
+
+    try:
+        data = payload.pack_calls(gl_local_mod_q.double, [((4,), {})])
+        del sys.modules["gl_local_mod_q"]
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+        packed, _ = payload.run_calls(data)  # the module cannot be imported any more
+        assert payload.unpack(packed, "outcomes")[0].value == 8
+    finally:
+        sys.modules.pop("gl_local_mod_q", None)
