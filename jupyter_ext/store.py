@@ -10,12 +10,13 @@ models. All SQL is parameterized.
 """
 
 import asyncio
+import contextlib
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -145,6 +146,8 @@ _MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
+T = TypeVar("T")
+
 _TERMINAL_STATES = frozenset(s.value for s in TERMINAL_STATES)
 
 
@@ -214,28 +217,34 @@ class Store:
     # -------------------------------------------------------------- helpers
 
     async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        async with self.db.execute(sql, params) as cur:
-            return await cur.fetchone()
+        rows = await self.db.execute_fetchall(sql, params)
+        return next(iter(rows), None)
 
     async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        async with self.db.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        return list(await self.db.execute_fetchall(sql, params))
+
+    async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on aiosqlite's thread in one hand-off.
+
+        A transaction of n statements through the public API costs n + 2 thread
+        round trips, each a pair of context switches; this costs one
+        (docs/adr/0013). It uses aiosqlite's ``_execute`` and ``_conn``, the
+        primitives every public method is built on.
+        """
+        db = self.db
+        return await db._execute(lambda: fn(db._conn))
 
     async def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
         """Run several statements in one transaction."""
-        db = self.db
+        stmts = list(statements)
+
+        def run(conn: sqlite3.Connection) -> None:
+            with _transaction(conn):
+                for sql, params in stmts:
+                    conn.execute(sql, params)
+
         async with self._tx:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, params in statements:
-                    await db.execute(sql, params)
-            except sqlite3.IntegrityError as e:
-                await db.execute("ROLLBACK")
-                raise Conflict(f"conflicts with stored data: {e}") from e
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
-            await db.execute("COMMIT")
+            await self._in_thread(run)
 
     # ----------------------------------------------------------------- jobs
 
@@ -363,18 +372,17 @@ class Store:
         ``lines`` are ``(stream, ts, text)``; the first is line ``first_seq`` of the
         task. Returns the task's new line count. One transaction per batch.
         """
-        db = self.db
-        async with self._tx:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                trow = await self._one("SELECT log_seq FROM tasks WHERE id = ?", (task_id,))
-                jrow = await self._one("SELECT log_count FROM jobs WHERE id = ?", (job_id,))
+
+        def run(conn: sqlite3.Connection) -> tuple[int, int]:
+            with _transaction(conn):
+                trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+                jrow = conn.execute("SELECT log_count FROM jobs WHERE id = ?", (job_id,)).fetchone()
                 assert trow is not None and jrow is not None
                 have, offset = int(trow[0]), int(jrow[0])
                 skip = max(0, have - first_seq)
                 fresh = lines[skip:] if first_seq <= have else []
                 if fresh:
-                    await db.executemany(
+                    conn.executemany(
                         "INSERT INTO logs (job_id, offset, task_id, stream, ts, text)"
                         " VALUES (?, ?, ?, ?, ?, ?)",
                         [
@@ -382,18 +390,17 @@ class Store:
                             for i, (stream, ts, text) in enumerate(fresh)
                         ],
                     )
-                    await db.execute(
+                    conn.execute(
                         "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
                     )
-                    await db.execute(
-                        "UPDATE jobs SET log_count = ? WHERE id = ?",
-                        (offset + len(fresh), job_id),
+                    conn.execute(
+                        "UPDATE jobs SET log_count = ? WHERE id = ?", (offset + len(fresh), job_id)
                     )
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
-            await db.execute("COMMIT")
-        return have + len(fresh)
+                return have, len(fresh)
+
+        async with self._tx:
+            have, n = await self._in_thread(run)
+        return have + n
 
     async def log_page(self, job_id: str, offset: int, limit: int) -> LogPage:
         """Lines of a job from ``offset``, and whether the job's output is complete."""
@@ -576,6 +583,22 @@ class Store:
                 )
             ]
         )
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any error; a constraint error is a
+    :class:`~gpulayer.errors.Conflict` (runs on aiosqlite's thread)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except sqlite3.IntegrityError as e:
+        conn.execute("ROLLBACK")
+        raise Conflict(f"conflicts with stored data: {e}") from e
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _insert(table: str, row: dict[str, Any], *, replace: bool = False) -> tuple[str, list[Any]]:

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TypedDict, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -59,6 +59,7 @@ from gpulayer.worker.process import (
     TreeSampler,
     inherited_env,
     task_env,
+    task_vars,
 )
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ _ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before
 _CHUNK_BYTES = 1024 * 1024
 
 Content = bytes | Callable[[], AsyncIterator[bytes]]
+T = TypeVar("T")
 
 
 class _Request(TypedDict, total=False):
@@ -356,7 +358,7 @@ class Agent:
             if not task.abandoned:
                 await self._deliver(task, outcome)
             if task.dir is not None:
-                await asyncio.to_thread(task.dir.remove)
+                await _quick(task, task.dir.remove)
                 task.dir = None
         except Exception:  # a task boundary: nothing more can be delivered
             log.exception("task %s: result not delivered", task.id)
@@ -391,7 +393,8 @@ class Agent:
                     else "no GPU"
                 )
                 task.logs.add(c.LogStream.system, f"started on {self.name} ({where})", _now())
-            task.dir = await asyncio.to_thread(TaskDir.create, self.data_dir / "tasks", a.task_id)
+            root = self.data_dir / "tasks"
+            task.dir = await _quick(task, functools.partial(TaskDir.create, root, a.task_id))
             try:
                 if a.spec.bundle is not None:
                     data = await self._blob(a.spec.bundle)
@@ -405,8 +408,8 @@ class Agent:
             except GpulayerError as e:
                 task.logs.add(c.LogStream.system, str(e), _now())
                 return Outcome("failed", None, str(e))
-            env = task_env(a, task.dir.artifacts)
-            if fn is not None:
+            if fn is not None:  # the runner has the rest of the environment already
+                env = task_vars(a, task.dir.artifacts)
                 task.run = FunctionRun(
                     self._runners, a, payload, env=env, cwd=task.dir.work, on_line=task.logs.add
                 )
@@ -414,7 +417,7 @@ class Agent:
                 task.run = CommandRun(
                     a.spec,
                     cwd=task.dir.work,
-                    env=env,
+                    env=task_env(a, task.dir.artifacts),
                     on_line=task.logs.add,
                     kill_grace_seconds=self.config.kill_grace_seconds,
                 )
@@ -427,7 +430,7 @@ class Agent:
         that sees the task ended also sees all its output."""
         await task.logs.flush()
         if task.dir is not None:
-            for name, path in await asyncio.to_thread(task.dir.artifact_files):
+            for name, path in await _quick(task, task.dir.artifact_files):
                 if task.abandoned:
                     return
                 try:
@@ -653,6 +656,15 @@ def main(config: AgentConfig) -> int:
     """Run the agent until SIGINT or SIGTERM; the exit code of ``gpulayer join``."""
     asyncio.run(run_agent(config))
     return 0
+
+
+async def _quick(task: _Task, fn: Callable[[], T]) -> T:
+    """Blocking file work for a task: inline for a function call, whose directory
+    is nearly always empty (a thread hand-off costs more than the work), else in
+    a thread."""
+    if task.assignment.spec.function is not None:
+        return fn()
+    return await asyncio.to_thread(fn)
 
 
 def _now() -> datetime:

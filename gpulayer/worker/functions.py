@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 _LEN_BYTES = 8
 _START_TIMEOUT_SECONDS = 60.0
-_PER_CALL_ENV = ("GPULAYER_JOB_ID", "GPULAYER_TASK_ID", "GPULAYER_ATTEMPT", "GPULAYER_ARTIFACTS")
 
 Key = tuple[tuple[int, ...], tuple[tuple[str, str], ...]]
 LineCallback = Callable[[c.LogStream, str, datetime], None]
@@ -202,7 +201,7 @@ class RunnerPool:
     base_env
         The environment every runner starts from (the worker's, minus its secrets).
     max_idle
-        Most idle runners kept over all keys (usually the worker's slots).
+        Most runners kept over all keys, busy ones included (the worker's slots).
     max_calls, idle_seconds
         When a runner is retired.
     prestart
@@ -250,8 +249,8 @@ class RunnerPool:
         else:
             runner = await Runner.start(key, self.env_for(key))
         self._busy.add(runner)
-        if not self._idle.get(key) and not self._starting.get(key):
-            self._spare(key)
+        if not self._idle.get(key) and not self._starting.get(key) and self._room():
+            self._spare(key)  # the next concurrent call of this key finds one ready
         return runner
 
     async def give_back(self, runner: Runner) -> None:
@@ -306,10 +305,15 @@ class RunnerPool:
         self._spares.add(task)
         task.add_done_callback(self._spares.discard)
 
+    def _room(self) -> bool:
+        """Whether another runner fits: at most ``max_idle`` in all, busy ones included."""
+        starting = sum(self._starting.values())
+        return len(self._busy) + self.idle_count() + starting < self.max_idle
+
     async def _trim(self) -> None:
-        """Close the longest-idle runners beyond ``max_idle``."""
+        """Close the longest-idle runners beyond ``max_idle`` runners in all."""
         idle = sorted((r for rs in self._idle.values() for r in rs), key=lambda r: r.idle_since)
-        for runner in idle[: max(0, len(idle) - self.max_idle)]:
+        for runner in idle[: max(0, len(idle) + len(self._busy) - self.max_idle)]:
             self._idle[runner.key].remove(runner)
             await runner.close()
 
@@ -338,7 +342,7 @@ class FunctionRun:
         self._pool = pool
         self._a = assignment
         self._data = data
-        self._env = {k: env[k] for k in _PER_CALL_ENV if k in env}
+        self._env = dict(env)  # the per-call variables (task_vars)
         self._cwd = cwd
         self._on_line = on_line
         self._cancelled = asyncio.Event()

@@ -116,8 +116,13 @@ class TaskDir:
         return files
 
     def remove(self) -> None:
-        """Delete the task directory and everything in it (blocking)."""
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Delete the task directory and everything in it (blocking); an empty one
+        (the usual function call) costs three ``rmdir``."""
+        try:
+            for d in (self.work, self.artifacts, self.root):
+                d.rmdir()
+        except OSError:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -127,6 +132,16 @@ def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
 
 
+def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
+    """The variables gpulayer guarantees each task (a job cannot override them)."""
+    return {
+        "GPULAYER_JOB_ID": assignment.job_id,
+        "GPULAYER_TASK_ID": assignment.task_id,
+        "GPULAYER_ATTEMPT": str(assignment.attempt),
+        "GPULAYER_ARTIFACTS": str(Path(artifacts).absolute()),
+    }
+
+
 def task_env(
     assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -134,13 +149,7 @@ def task_env(
     job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
     env = inherited_env(base)
     env.update(assignment.spec.env)
-    env.update(
-        GPULAYER_JOB_ID=assignment.job_id,
-        GPULAYER_TASK_ID=assignment.task_id,
-        GPULAYER_ATTEMPT=str(assignment.attempt),
-        GPULAYER_ARTIFACTS=str(Path(artifacts).absolute()),
-        PYTHONUNBUFFERED="1",
-    )
+    env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
     # The reservation, for every vendor's runtime (a job cannot widen it).
     visible = ",".join(str(i) for i in assignment.gpu_indices)
     for var in _VISIBLE_DEVICES_ENV:

@@ -1,0 +1,251 @@
+"""Remote-function benchmark: gpulayer against Ray, ipyparallel and Dask, in one run.
+
+Each system runs in its own fresh interpreter (``--system NAME`` child mode),
+one after the other, on this machine, with two workers of one process each:
+
+startup
+    From starting the system (``LocalCluster`` as ``gpulayer up`` does, with 2
+    local workers; ``ray.init``; ``ipp.Cluster(n=2)``; a Dask ``LocalCluster``)
+    to the first result of ``f(1)``. Imports are not counted.
+round trip
+    ``f(x)`` with ``f = lambda x: x + 1``, one call at a time, waited for,
+    ``--calls`` times after ``--warmup`` calls: gpulayer ``.run(x)``, Ray
+    ``ray.get(f.remote(x))``, ipyparallel load-balanced ``view.apply_sync``,
+    Dask ``client.submit(f, x, pure=False).result()``.
+burst
+    ``--burst`` calls at once, waited for: gpulayer ``list(f.map(...))``, Ray
+    ``ray.get([f.remote(x) ...])``, ipyparallel ``view.map_sync``, Dask
+    ``client.gather(client.map(...))``; reported as calls per second.
+
+It prints a table and writes ``benchmarks/results/functions.json`` and ``.md``;
+ratios against Ray are computed from the same run. Peers come from the
+``bench`` extra (``pip install -e ".[bench]"``); a peer that is not installed
+is reported as skipped. Nothing here asserts a time.
+
+    .venv/bin/python benchmarks/functions.py
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SYSTEMS = ("gpulayer", "ray", "ipyparallel", "dask")
+
+
+def plus_one(x: int) -> int:
+    return x + 1
+
+
+def _quantiles(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(p * len(s)))] * 1000
+
+    return {
+        "p50_ms": q(0.5),
+        "p90_ms": q(0.9),
+        "p99_ms": q(0.99),
+        "mean_ms": statistics.mean(s) * 1000,
+    }
+
+
+def _round_trips(call, calls: int, warmup: int) -> dict[str, float]:
+    for i in range(warmup):
+        call(i)
+    samples = []
+    for i in range(calls):
+        t = time.perf_counter()
+        got = call(i)
+        samples.append(time.perf_counter() - t)
+        if got != i + 1:
+            raise RuntimeError(f"wrong answer {got!r} for {i}")
+    return _quantiles(samples)
+
+
+def _burst(run_all, n: int) -> dict[str, float]:
+    t = time.perf_counter()
+    got = run_all(list(range(n)))
+    seconds = time.perf_counter() - t
+    if sorted(got) != [x + 1 for x in range(n)]:
+        raise RuntimeError("the burst answered wrong results")
+    return {"calls": n, "seconds": seconds, "calls_per_s": n / seconds}
+
+
+# ------------------------------------------------------------------ systems
+
+
+def bench_gpulayer(args: argparse.Namespace) -> dict[str, Any]:
+    import gpulayer as gl
+    from gpulayer.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="gl-bench-") as tmp:
+        t = time.perf_counter()
+        cluster = LocalCluster(tmp, workers=2, slots=1).start()
+        try:
+            conn = cluster.connection()
+            f = gl.remote(lambda x: x + 1, connection=conn)
+            if f.run(0) != 1:
+                raise RuntimeError("wrong first answer")
+            startup = time.perf_counter() - t
+            rt = _round_trips(f.run, args.calls, args.warmup)
+            burst = _burst(lambda xs: list(f.map(xs, progress=False)), args.burst)
+        finally:
+            cluster.stop()
+    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": gl.__version__}
+
+
+def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    t = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        f = ray.remote(num_cpus=1)(plus_one)
+        if ray.get(f.remote(0)) != 1:
+            raise RuntimeError("wrong first answer")
+        startup = time.perf_counter() - t
+        rt = _round_trips(lambda x: ray.get(f.remote(x)), args.calls, args.warmup)
+        burst = _burst(lambda xs: ray.get([f.remote(x) for x in xs]), args.burst)
+    finally:
+        ray.shutdown()
+    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": ray.__version__}
+
+
+def bench_ipyparallel(args: argparse.Namespace) -> dict[str, Any]:
+    import ipyparallel as ipp
+
+    t = time.perf_counter()
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync()
+    try:
+        rc.wait_for_engines(2, timeout=120)
+        view = rc.load_balanced_view()
+        if view.apply_sync(plus_one, 0) != 1:
+            raise RuntimeError("wrong first answer")
+        startup = time.perf_counter() - t
+        rt = _round_trips(lambda x: view.apply_sync(plus_one, x), args.calls, args.warmup)
+        burst = _burst(lambda xs: view.map_sync(plus_one, xs), args.burst)
+    finally:
+        rc.close()
+        cluster.stop_cluster_sync()
+    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": ipp.__version__}
+
+
+def bench_dask(args: argparse.Namespace) -> dict[str, Any]:
+    import dask
+    from dask.distributed import Client, LocalCluster
+
+    t = time.perf_counter()
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    client = Client(cluster)
+    try:
+        if client.submit(plus_one, 0, pure=False).result() != 1:
+            raise RuntimeError("wrong first answer")
+        startup = time.perf_counter() - t
+        rt = _round_trips(
+            lambda x: client.submit(plus_one, x, pure=False).result(), args.calls, args.warmup
+        )
+        burst = _burst(lambda xs: client.gather(client.map(plus_one, xs, pure=False)), args.burst)
+    finally:
+        client.close()
+        cluster.close()
+    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": dask.__version__}
+
+
+# ------------------------------------------------------------------ driver
+
+
+def _child(args: argparse.Namespace) -> None:
+    result = globals()[f"bench_{args.system}"](args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        __import__({"ipyparallel": "ipyparallel", "dask": "distributed"}.get(name, name))
+    except ImportError:
+        return {"skipped": f"{name} is not installed (pip install -e '.[bench]')"}
+    argv = [sys.executable, __file__, "--system", name, "--calls", str(args.calls),
+            "--warmup", str(args.warmup), "--burst", str(args.burst)]  # fmt: skip
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    ray = results.get("ray", {})
+    rows = ["| system | startup to first result (s) | round trip p50 / p90 / p99 (ms) |"
+            " burst (calls/s) | vs Ray: p50, burst |",
+            "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, r in results.items():
+        if "round_trip" not in r:
+            rows.append(f"| {name} | {r.get('skipped') or r.get('error')} | | | |")
+            continue
+        rt, burst = r["round_trip"], r["burst"]
+        vs = ""
+        if "round_trip" in ray:
+            vs = (
+                f"{rt['p50_ms'] / ray['round_trip']['p50_ms']:.2f}x,"
+                f" {burst['calls_per_s'] / ray['burst']['calls_per_s']:.2f}x"
+            )
+        rows.append(
+            f"| {name} {r.get('version', '')} | {r['startup_s']:.2f} |"
+            f" {rt['p50_ms']:.2f} / {rt['p90_ms']:.2f} / {rt['p99_ms']:.2f} |"
+            f" {burst['calls_per_s']:.0f} | {vs} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--only", default=",".join(SYSTEMS), help="systems to run, comma-separated")
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--burst", type=int, default=2000)
+    parser.add_argument("--out", type=Path, default=RESULTS / "functions.json")
+    args = parser.parse_args()
+    if args.system:
+        _child(args)
+        return
+    results = {}
+    for name in args.only.split(","):
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        results[name] = _run_system(name, args)
+    table = _table(results)
+    print(table)
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs,"
+        f" Python {platform.python_version()}",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "calls": args.calls,
+        "burst": args.burst,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(
+        f"# Remote functions vs peers\n\n{meta['machine']}, {meta['when']}; {args.calls} round"
+        f" trips after {args.warmup} warm-up calls, a burst of {args.burst} calls.\n\n"
+        f"{table}\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
