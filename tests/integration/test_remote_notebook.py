@@ -1,8 +1,12 @@
 """@gl.remote from notebook cells, executed by nbclient in a real ipykernel."""
 
+from pathlib import Path
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 CELLS = [
     "import gpulayer as gl\nconn = gl.connect()",
@@ -44,3 +48,22 @@ def test_remote_exception_shows_the_cell_line(executed):
     trace = "\n".join(error.traceback)
     assert "raise KeyError('nope')" in trace  # the remote frame, with the cell's source
     assert "on worker local-1" in trace
+
+
+def test_the_remote_functions_notebook_runs(cluster, monkeypatch):
+    monkeypatch.setenv("GPULAYER_URL", cluster.url)
+    monkeypatch.setenv("GPULAYER_TOKEN", cluster.admin_token)
+    nb = nbformat.read(NOTEBOOKS / "remote_functions.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()  # raises on an error
+    results = {
+        i: o.data["text/plain"]
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "execute_result"
+    }
+    assert "144" in results.values()
+    assert "(101, 15)" in results.values()
+    assert "caught: learning rate must be positive, got -1" in "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
