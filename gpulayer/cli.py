@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--slots", type=int, default=4, help="tasks run at once")
     join.add_argument("--data-dir", type=Path, default=None)
     join.add_argument("--label", type=_key_value, action="append", default=[], metavar="K=V")
+    join.add_argument("--warm-runners", type=int, default=1, metavar="N",
+                      help="Python function runners started ahead of the first call")  # fmt: skip
+    join.add_argument("--runner-max-calls", type=int, default=1000, metavar="N",
+                      help="calls before a function runner is replaced by a fresh one")  # fmt: skip
     join.set_defaults(func=_cmd_join)
 
     s = sub.add_parser("submit", parents=[conn], help="submit a command",
@@ -317,6 +321,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     cfg = AgentConfig(
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
+        warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

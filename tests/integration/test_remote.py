@@ -284,3 +284,19 @@ def test_workers_on_another_python_are_refused_before_submission(fresh_cluster):
         assert "Python version mismatch" in str(info.value)
         assert "py399: 3.99" in str(info.value)
         assert conn.jobs() == []
+
+
+def test_stopping_a_map_early_cancels_the_rest(rf, conn):
+    def slow(x):
+        import time
+
+        if x > 0:
+            time.sleep(60)
+        return x
+
+    run = rf(slow).map(range(6), chunk_size=1, max_parallel=3)
+    assert next(run) == 0
+    run.close()
+    for job_id in run.job_ids[1:]:
+        until(lambda j=job_id: conn.job(j).state == "cancelled", what=f"job {job_id} cancelled")
+    assert len(run.job_ids) == 4  # three ran at a time; the rest were never submitted
