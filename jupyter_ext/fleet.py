@@ -35,6 +35,14 @@ class Fleet:
             out.append(cached[1])
         return out
 
+    async def names(self, ids: set[str | None]) -> dict[str, str]:
+        """Worker names by id, for ``ids`` (None ignored): from the views already
+        parsed when they know every one, else read again."""
+        known = {wid: view.name for wid, (_, view) in self._views.items()}
+        if not all(i in known for i in ids if i is not None):
+            known = {w.id: w.name for w in await self.views()}
+        return known
+
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
         """Keep one heartbeat's readings."""
         self._telemetry[worker_id].append(

@@ -201,12 +201,13 @@ class Scheduler:
         """A job with its tasks, a function job's small result (and, while queued,
         why it waits)."""
         row = await self._job_row(job_id)
-        views = await self.fleet.views()
-        names = {w.id: w.name for w in views}
-        job = job_model(row, await self.store.tasks_of_job(job_id), names)
+        tasks = await self.store.tasks_of_job(job_id)
+        names = await self.fleet.names({t["worker_id"] for t in tasks} | {row["worker_id"]})
+        job = job_model(row, tasks, names)
         if with_result and job.spec.kind == "function" and job.state in _TERMINAL:
             _attach(job, await self.store.result(job_id))
         if job.state == JobState.queued:
+            views = await self.fleet.views()
             report = await self._waiting(job.spec.resources, job.id, views)
             job.pending_reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [
                 report.summary
@@ -574,6 +575,8 @@ class Scheduler:
         and the pass stops as soon as no worker has a free slot.
         """
         placed: list[tuple[str, str]] = []
+        if not await self.store.any_queued():  # the usual case after a completion
+            return 0
         async with self._lock:
             workers = [w for w in await self.fleet.views() if w.state == "ready"]
             if not workers:

@@ -306,6 +306,10 @@ class Store:
                 return
             last = (rows[-1]["priority"], rows[-1]["seq"])
 
+    async def any_queued(self) -> bool:
+        """Whether some job waits for placement (one index lookup)."""
+        return await self._one("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1") is not None
+
     async def count_jobs(self, states: Sequence[str]) -> int:
         """How many jobs are in any of ``states``."""
         marks = ",".join("?" * len(states))
