@@ -20,12 +20,13 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from gpulayer.errors import GpulayerError
 
@@ -67,6 +68,7 @@ def launch(
     nproc_per_node: int = 2,
     master_port: int | None = None,
     threads_per_process: int | None = None,
+    start_method: Literal["spawn", "fork", "forkserver"] = "spawn",
     **kwargs: Any,
 ) -> T:
     """Call ``fn(*args, **kwargs)`` in ``nproc_per_node`` processes forming one DDP world.
@@ -86,6 +88,10 @@ def launch(
     threads_per_process
         ``torch.set_num_threads`` in each rank; default: the CPUs divided among
         the ranks, unless ``OMP_NUM_THREADS`` is set.
+    start_method
+        ``"spawn"`` (fresh interpreters: safe everywhere, a few seconds to
+        import torch in each) or ``"fork"`` (starts at once; only where CUDA is
+        not yet initialized in this process, and not on macOS).
 
     Returns
     -------
@@ -123,9 +129,9 @@ def launch(
                 args=(payload, env, threads, tmp),
                 nprocs=nproc_per_node,
                 join=True,
-                start_method="spawn",
+                start_method=start_method,
             )
-        except mp.ProcessException as e:
+        except ProcessException as e:
             raise _launch_error(e, Path(tmp), nproc_per_node) from None
         with open(Path(tmp) / _RESULT_FILE, "rb") as f:
             return cloudpickle.load(f)
@@ -171,7 +177,7 @@ def _run_rank(rank: int, payload: bytes, env: dict[str, str], threads: int, tmp:
             cloudpickle.dump(result, f)
 
 
-def _launch_error(e: "mp.ProcessException", tmp: Path, nprocs: int) -> LaunchError:
+def _launch_error(e: ProcessException, tmp: Path, nprocs: int) -> LaunchError:
     """The failing rank's own traceback when it left one, else torch's report."""
     failed = [r for r in range(nprocs) if (tmp / _ERROR_FILE.format(rank=r)).exists()]
     rank = e.error_index if e.error_index in failed or not failed else failed[0]

@@ -447,7 +447,9 @@ class Trainer:
 
     def _end_train_epoch(self, collector: MetricCollector) -> None:
         assert self.runtime is not None
-        self._report(collector.read_epoch(self.runtime))
+        # An epoch end is a log point: the last step values not yet reported, and the
+        # epoch aggregates.
+        self._report({**collector.read_step(self.runtime), **collector.read_epoch(self.runtime)})
         sched = self.lr_scheduler
         due = sched is not None and (self.current_epoch + 1) % sched["frequency"] == 0
         if self.epoch_finished and due and sched["interval"] == "epoch":
