@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 #: "epoch" | "step", "frequency": 1, "monitor": "val/loss"}}``.
 OptimizerConfig = torch.optim.Optimizer | tuple[torch.optim.Optimizer, Any] | Mapping[str, Any]
 
+#: A scheduler with when to step it: ``{"scheduler", "interval", "frequency", "monitor"}``.
+SchedulerConfig = dict[str, Any]
+
 
 class Module(nn.Module):
     """A model with its training logic, run by :class:`~gpulayer.pytorch.Trainer`.
@@ -183,3 +186,36 @@ class Module(nn.Module):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read entries back from a checkpoint about to be restored."""
+
+
+def parse_optimizers(
+    config: OptimizerConfig,
+) -> tuple[torch.optim.Optimizer, dict[str, Any] | None]:
+    """Split what ``configure_optimizers`` returned into the optimizer and a scheduler
+    config ``{"scheduler", "interval", "frequency", "monitor"}`` (or ``None``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``config`` has none of the accepted shapes, or a bad interval.
+    """
+    scheduler: Any = None
+    if isinstance(config, torch.optim.Optimizer):
+        optimizer = config
+    elif isinstance(config, tuple | list) and len(config) == 2:
+        optimizer, scheduler = config
+    elif isinstance(config, Mapping) and "optimizer" in config:
+        optimizer, scheduler = config["optimizer"], config.get("lr_scheduler")
+    else:
+        raise TypeError(
+            "configure_optimizers must return an optimizer, (optimizer, scheduler) or "
+            f"{{'optimizer': ..., 'lr_scheduler': ...}}, not {type(config).__name__}"
+        )
+    if scheduler is None:
+        return optimizer, None
+    if not isinstance(scheduler, Mapping):
+        scheduler = {"scheduler": scheduler}
+    scheduler = {"interval": "epoch", "frequency": 1, "monitor": None, **scheduler}
+    if scheduler["interval"] not in ("epoch", "step"):
+        raise ValueError("a scheduler's interval must be 'epoch' or 'step'")
+    return optimizer, scheduler

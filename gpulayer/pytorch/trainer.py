@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gpulayer.pytorch import checkpoint as ckpt
+from gpulayer.pytorch.batches import due, length, lookahead, move_to_device
 from gpulayer.pytorch.callbacks import Callback, dispatch
 from gpulayer.pytorch.metrics import (
     HistorySink,
@@ -38,7 +39,7 @@ from gpulayer.pytorch.metrics import (
     MetricRecord,
     MetricSink,
 )
-from gpulayer.pytorch.module import Module
+from gpulayer.pytorch.module import Module, parse_optimizers
 from gpulayer.pytorch.precision import Precision, parse_precision
 from gpulayer.pytorch.progress import ProgressBar
 from gpulayer.pytorch.runtime import Runtime
@@ -215,7 +216,7 @@ class Trainer:
         self._attach(module)
         self.has_validation = val_dataloader is not None
         with self._running("fit"):
-            self._configure_optimizers(module)
+            self.optimizer, self.lr_scheduler = parse_optimizers(module.configure_optimizers())
             if ckpt_path is not None:
                 self._restore(ckpt.load(ckpt_path))
             self._wrap(module)
@@ -305,28 +306,6 @@ class Trainer:
                 sink.close()
             self.stage = None
 
-    def _configure_optimizers(self, module: Module) -> None:
-        config = module.configure_optimizers()
-        scheduler: Any = None
-        if isinstance(config, torch.optim.Optimizer):
-            optimizer = config
-        elif isinstance(config, tuple | list) and len(config) == 2:
-            optimizer, scheduler = config
-        elif isinstance(config, Mapping) and "optimizer" in config:
-            optimizer, scheduler = config["optimizer"], config.get("lr_scheduler")
-        else:
-            raise TypeError(
-                "configure_optimizers must return an optimizer, (optimizer, scheduler) or "
-                f"{{'optimizer': ..., 'lr_scheduler': ...}}, not {type(config).__name__}"
-            )
-        if scheduler is not None and not isinstance(scheduler, Mapping):
-            scheduler = {"scheduler": scheduler}
-        if scheduler is not None:
-            scheduler = {"interval": "epoch", "frequency": 1, "monitor": None, **scheduler}
-            if scheduler["interval"] not in ("epoch", "step"):
-                raise ValueError("a scheduler's interval must be 'epoch' or 'step'")
-        self.optimizer, self.lr_scheduler = optimizer, scheduler
-
     def _wrap(self, module: Module) -> None:
         assert self.runtime is not None
         self._ddp = None
@@ -358,13 +337,13 @@ class Trainer:
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.current_epoch)  # a DistributedSampler reshuffles per epoch
-        self.num_training_batches = _length(loader)
+        self.num_training_batches = length(loader)
         val_every = self._val_every(loader) if val_loader is not None else None
         validate_epoch = (self.current_epoch + 1) % self.check_val_every_n_epoch == 0
         dispatch(self, "on_train_epoch_start")
         batches, start = self._epoch_batches(loader)
         step_fn = self._ddp if self._ddp is not None else module.training_step
-        for batch_idx, batch, is_last in _lookahead(batches, start):
+        for batch_idx, batch, is_last in lookahead(batches, start):
             self.batch_idx = batch_idx
             dispatch(self, "on_train_batch_start", batch, batch_idx)
             batch = move_to_device(batch, device)
@@ -374,7 +353,7 @@ class Trainer:
             if stepped and self.global_step % self.log_every_n_steps == 0:
                 self._report(collector.read_step(self.runtime))
             self.epoch_finished = is_last
-            if val_loader is not None and validate_epoch and _due(val_every, batch_idx, is_last):
+            if val_loader is not None and validate_epoch and due(val_every, batch_idx, is_last):
                 self._validate_in_fit(val_loader)
             if self.should_stop or self._max_steps_reached():
                 break
@@ -469,7 +448,7 @@ class Trainer:
             return interval
         if interval == 1.0:
             return None
-        n = _length(loader)
+        n = length(loader)
         if n is None:
             raise ValueError("a fractional val_check_interval needs a train loader with a len()")
         return max(1, int(n * interval))
@@ -611,44 +590,6 @@ class _TrainingStep(nn.Module):
 
     def forward(self, batch: Any, batch_idx: int) -> Any:
         return self.module.training_step(batch, batch_idx)
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor in it (through tuples, lists and dicts) on ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple):
-        items = [move_to_device(b, device) for b in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
-    if isinstance(batch, list):
-        return [move_to_device(b, device) for b in batch]
-    if isinstance(batch, Mapping):
-        return {k: move_to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def _lookahead(batches: Iterator[Any], start: int) -> Iterator[tuple[int, Any, bool]]:
-    """``(index, batch, is_last)``, reading one batch ahead to know which is last."""
-    try:
-        current = next(batches)
-    except StopIteration:
-        return
-    index = start
-    for following in batches:
-        yield index, current, False
-        current, index = following, index + 1
-    yield index, current, True
-
-
-def _due(every: int | None, batch_idx: int, is_last: bool) -> bool:
-    return is_last if every is None else (batch_idx + 1) % every == 0
-
-
-def _length(loader: Iterable[Any]) -> int | None:
-    try:
-        return len(loader)  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 def _check_interval(value: float | int) -> None:

@@ -165,5 +165,5 @@ def test_bad_settings_are_refused_with_a_reason() -> None:
         Trainer()
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         Trainer(max_epochs=1, val_check_interval=1.5)
-    with pytest.raises(TypeError, match="gpulayer.pytorch.Module"):
+    with pytest.raises(TypeError, match=r"gpulayer\.pytorch\.Module"):
         Trainer(max_epochs=1).fit(torch.nn.Linear(1, 1), DataLoader([]))  # type: ignore[arg-type]
