@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 def dispatch(trainer: "Trainer", hook: str, *args: Any) -> None:
     """Call ``hook`` on every callback, then on the module; time each call.
 
+    Only overridden hooks are called: the no-op defaults of :class:`Callback`
+    and :class:`~gpulayer.pytorch.Module` are skipped, so a hook nobody
+    implements costs one dictionary lookup per batch.
+
     Parameters
     ----------
     trainer
@@ -65,20 +69,38 @@ def dispatch(trainer: "Trainer", hook: str, *args: Any) -> None:
     *args
         The hook's arguments after ``trainer, module``.
     """
-    module = trainer.module
+    table = trainer.hook_table
+    calls = table.get(hook)
+    if calls is None:
+        calls = table[hook] = _implementations(trainer, hook)
+    if not calls:
+        return
     seconds = trainer.hook_seconds
-    for callback in trainer.callbacks:
+    module = trainer.module
+    for key, method, with_trainer in calls:
         t0 = time.perf_counter()
-        getattr(callback, hook)(trainer, module, *args)
-        key = f"{type(callback).__name__}.{hook}"
+        if with_trainer:
+            method(trainer, module, *args)
+        else:
+            method(*args)
         seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _implementations(trainer: "Trainer", hook: str) -> list[tuple[str, Any, bool]]:
+    """``(profile key, bound method, takes trainer and module)`` for each override of
+    ``hook``, callbacks first, in order, then the module."""
+    from gpulayer.pytorch.module import Module
+
+    calls = []
+    for callback in trainer.callbacks:
+        if getattr(type(callback), hook) is not getattr(Callback, hook):
+            calls.append((f"{type(callback).__name__}.{hook}", getattr(callback, hook), True))
+    module = trainer.module
     # Looked up on the class: nn.Module's instance __getattr__ is slow for misses.
     method = getattr(type(module), hook, None)
-    if method is not None:
-        t0 = time.perf_counter()
-        method(module, *args)
-        key = f"{type(module).__name__}.{hook}"
-        seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
+    if method is not None and method is not getattr(Module, hook, None):
+        calls.append((f"{type(module).__name__}.{hook}", getattr(module, hook), False))
+    return calls
 
 
 class Callback:

@@ -165,7 +165,10 @@ class MetricCollector:
                 raise ValueError(
                     f"{name!r}: log a scalar, not a tensor of shape {tuple(value.shape)}"
                 )
-            value = value.detach().float().reshape(())
+            # Detached (no graph kept alive), float32 for the sums, still on its device.
+            value = value.detach().float()
+            if value.dim():
+                value = value.reshape(())
         if entry.on_step:
             entry.step_value = value
             entry.fresh = True

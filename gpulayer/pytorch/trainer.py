@@ -165,6 +165,8 @@ class Trainer:
         self.progress_bar_metrics: dict[str, float] = {}
         #: Seconds spent in each hook, by ``"<Class>.<hook>"`` (see ``dispatch``).
         self.hook_seconds: dict[str, float] = {}
+        #: The overridden hooks, filled by ``dispatch``; cleared when a stage starts.
+        self.hook_table: dict[str, list[tuple[str, Any, bool]]] = {}
         self._collectors = {k: MetricCollector() for k in ("train", "validation", "test")}
         self.active_metrics = self._collectors["train"]
         self._sinks: list[MetricSink] = []
@@ -290,6 +292,7 @@ class Trainer:
     def _running(self, stage: str) -> Iterator[None]:
         assert self.runtime is not None
         self.stage = stage
+        self.hook_table.clear()  # callbacks may have been added since the last stage
         self._sinks = [self._history, *self._extra_sinks]
         jsonl = JsonlSink.from_env() if self.runtime.is_main else None
         if jsonl is not None:
