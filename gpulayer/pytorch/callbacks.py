@@ -424,8 +424,10 @@ class ModelCheckpoint(Callback):
         assert self.dirpath is not None
         if self.monitor is None:
             score = float(trainer.global_step)
-        else:
+        elif self.monitor in trainer.callback_metrics or trainer.validated:
             score = _monitored(trainer, self.monitor, "ModelCheckpoint")
+        else:
+            score = math.nan  # no validation yet (say max_steps came first): only "last"
         if self.save_top_k != 0 and not math.isnan(score):
             kept = len(self.best_k) < self.save_top_k or self.save_top_k < 0
             if kept or self._rank(score) < max(self._rank(s) for s, _ in self.best_k):

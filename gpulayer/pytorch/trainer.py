@@ -153,6 +153,8 @@ class Trainer:
         self.stage: str | None = None
         self.evaluating = False
         self.has_validation = False
+        #: Whether a validation has run in the current ``fit``.
+        self.validated = False
         self.current_epoch = 0
         self.global_step = 0
         self.batch_idx = 0
@@ -216,7 +218,7 @@ class Trainer:
             ``self``, so ``Trainer(...).fit(...).callback_metrics`` reads well.
         """
         self._attach(module)
-        self.has_validation = val_dataloader is not None
+        self.has_validation, self.validated = val_dataloader is not None, False
         with self._running("fit"):
             self.optimizer, self.lr_scheduler = parse_optimizers(module.configure_optimizers())
             if ckpt_path is not None:
@@ -458,7 +460,7 @@ class Trainer:
 
     def _validate_in_fit(self, loader: Iterable[Any]) -> None:
         assert self.module is not None
-        self.evaluating = True
+        self.evaluating = self.validated = True
         try:
             self._evaluate("validation", self.module.validation_step, loader)
         finally:
