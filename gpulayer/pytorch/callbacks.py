@@ -174,7 +174,8 @@ class Callback:
         """Before the first validation batch."""
 
     def on_validation_epoch_end(self, trainer: "Trainer", module: "Module") -> None:
-        """After the last validation batch, once its metrics are reduced."""
+        """After the last validation batch; metrics logged here still count for the epoch
+        (they are reduced right after, before ``on_validation_end``)."""
 
     def on_validation_batch_start(
         self, trainer: "Trainer", module: "Module", batch: Any, batch_idx: int
@@ -196,7 +197,8 @@ class Callback:
         """Before the first test batch."""
 
     def on_test_epoch_end(self, trainer: "Trainer", module: "Module") -> None:
-        """After the last test batch, once its metrics are reduced."""
+        """After the last test batch; metrics logged here still count for the epoch
+        (they are reduced right after, before ``on_test_end``)."""
 
     def on_test_batch_start(
         self, trainer: "Trainer", module: "Module", batch: Any, batch_idx: int
