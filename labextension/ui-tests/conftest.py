@@ -15,12 +15,16 @@ worker with two simulated GPUs. Lab loads the sidebar this checkout built
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from gpulayer.cluster import LocalCluster
+from gpulayer.cluster import LocalCluster, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = ROOT / "jupyter_ext" / "labextension"
@@ -43,7 +47,10 @@ def chromium() -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip every browser test, with the reason, when there is no Chromium here."""
+    """Skip every browser test, with the reason, when there is no Chromium here
+    (CI sets GPULAYER_REQUIRE_BROWSER=1, which makes that an error instead)."""
+    if chromium() is None and os.environ.get("GPULAYER_REQUIRE_BROWSER") == "1":
+        raise pytest.UsageError("GPULAYER_REQUIRE_BROWSER=1 but there is no chromium on PATH")
     if chromium() is None:
         skip = pytest.mark.skip(reason="no chromium on PATH (apt-get install -y chromium)")
         for item in items:
@@ -185,3 +192,41 @@ def gl_sidebar(gl_page, gl_lab, gl_screenshots) -> SidebarPage:
     sidebar = SidebarPage(gl_page, gl_lab, gl_screenshots)
     sidebar.open()
     return sidebar
+
+
+@pytest.fixture
+def gl_bare_lab(tmp_path: Path) -> Iterator[str]:
+    """The URL of a JupyterLab with the sidebar installed but ``jupyter_ext`` disabled."""
+    env = {**os.environ, **_lab_env(tmp_path)}
+    config = Path(env["JUPYTER_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_ext": False}}})
+    )
+    port, token = free_port(), "bare-lab-token"
+    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+            f"--ServerApp.root_dir={tmp_path}", "--LabApp.extension_manager=readonly"]  # fmt: skip
+    env["JUPYTER_TOKEN"] = token
+    with (tmp_path / "lab.log").open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "api", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, (tmp_path / "lab.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "JupyterLab did not start"
+            time.sleep(0.1)
+        yield f"{url}lab?reset&token={token}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
