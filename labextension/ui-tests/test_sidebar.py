@@ -115,6 +115,4 @@ def test_a_pending_job_shows_why_it_waits(gl_sidebar):
     expect(gl_sidebar.panel.locator(".gpulayer-job")).to_have_count(1, timeout=TIMEOUT_MS)
     expect(gl_sidebar.panel.locator(".gpulayer-job").first).to_have_attribute("data-job-id", job.id)
     gl_sidebar.panel.locator(".gpulayer-filter-state").select_option("")
-    gl_sidebar.page.locator(".jp-SideBar.jp-mod-left").screenshot(
-        path=str(gl_sidebar.shots / "sidebar.png")
-    )
+    gl_sidebar.page.locator("#jp-left-stack").screenshot(path=str(gl_sidebar.shots / "sidebar.png"))

@@ -5,11 +5,15 @@ ship logs), so every value the scrape shows can be compared with what the REST
 API says about the same control plane.
 """
 
+import json
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "gpulayer.json"
 GPUS = [
     {"index": i, "kind": "cuda", "name": "NVIDIA A100 (simulated)", "memory_bytes": 80 << 30}
     for i in range(2)
@@ -120,3 +124,18 @@ async def test_gauges_follow_state_changes(gl_api):
     after = await scrape(gl_api)
     assert after[("gpulayer_queue_depth", ())] == 1
     assert after[("gpulayer_jobs", (("state", "queued"),))] == 1
+
+
+async def test_the_grafana_dashboard_uses_only_exported_series(gl_api):
+    _, reg = await gl_api(
+        "workers", "register", method="POST", json_body=_registration("g1"), token="join"
+    )
+    reading = {"index": 0, "utilization_percent": 5.0, "memory_used_bytes": 1}
+    await gl_api("workers", reg["worker_id"], "heartbeat", method="POST",
+                 json_body={"gpus": [reading]}, token=reg["token"])  # fmt: skip
+    exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"gpulayer_\w+", e)}
+    _, body = await gl_api("metrics", prefix=("gpulayer",))
+    exported = {s.name for f in text_string_to_metric_families(body.decode()) for s in f.samples}
+    assert used, "the dashboard queries no gpulayer series"
+    assert used <= exported, f"the dashboard uses series nobody exports: {used - exported}"
