@@ -5,6 +5,7 @@ import time
 from playwright.sync_api import expect
 
 from gpulayer import contracts
+from gpulayer.client import Connection
 
 TIMEOUT_MS = 30_000
 
@@ -64,6 +65,8 @@ def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar):
     expect(lines.filter(has_text="step 1")).to_have_count(1, timeout=TIMEOUT_MS)
     assert job_state(gl_sidebar.cluster, job.id) == "running"
     expect(gl_sidebar.page.locator(".gpulayer-status-item")).to_have_text("GPUs 1/2")
+    # the chart of the task's readings (CPU, memory) is drawn while it runs
+    expect(view.locator(".gpulayer-chart canvas")).to_have_count(1, timeout=TIMEOUT_MS)
     gl_sidebar.screenshot("job-running")
     expect(lines.filter(has_text="step 7")).to_have_count(1, timeout=TIMEOUT_MS)
     expect(view.locator(".gpulayer-state").first).to_have_text("succeeded", timeout=TIMEOUT_MS)
@@ -74,6 +77,38 @@ def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar):
     assert [t for t in texts if t.startswith("step")] == [f"step {i}" for i in range(8)]
     assert texts[0].startswith("started on local-1 (GPU ")
     gl_sidebar.screenshot("job-succeeded")
+
+
+def test_artifacts_are_download_links(gl_sidebar):
+    job = submit(
+        gl_sidebar.cluster,
+        name="writer",
+        shell='cd "$GPULAYER_ARTIFACTS" && mkdir out && echo 42 > out/answer.txt',
+    )
+    expect(gl_sidebar.job_row(job.id)).to_be_visible(timeout=TIMEOUT_MS)
+    view = gl_sidebar.open_job(job.id)
+    link = view.locator(".gpulayer-artifacts a")
+    expect(link).to_have_text("out/answer.txt", timeout=TIMEOUT_MS)
+    # the link works with the Lab session's own cookie, as a click in the browser would
+    answer = gl_sidebar.page.request.get(link.get_attribute("href"))
+    assert answer.status == 200
+    assert answer.text() == "42\n"
+
+
+def test_the_owner_filter(gl_sidebar):
+    with gl_sidebar.cluster.connection() as conn:
+        bob = conn.create_token(contracts.CreateToken(name="bob", role="submitter"))
+    with Connection(gl_sidebar.cluster.url, bob.token) as as_bob:
+        theirs = as_bob.submit(contracts.JobSpec(name="bobs-job", command=["true"]))
+    mine = submit(gl_sidebar.cluster, name="admins-job", command=["true"])
+    jobs = gl_sidebar.panel.locator(".gpulayer-job")
+    expect(gl_sidebar.job_row(mine.id)).to_be_visible(timeout=TIMEOUT_MS)
+    expect(gl_sidebar.job_row(theirs.id)).to_be_visible(timeout=TIMEOUT_MS)
+    gl_sidebar.panel.locator(".gpulayer-filter-owner").select_option("bob")
+    expect(jobs).to_have_count(1, timeout=TIMEOUT_MS)
+    expect(jobs.first).to_have_attribute("data-job-id", theirs.id)
+    gl_sidebar.panel.locator(".gpulayer-filter-owner").select_option("")
+    expect(gl_sidebar.job_row(mine.id)).to_be_visible(timeout=TIMEOUT_MS)
 
 
 def test_cancel_from_the_button(gl_sidebar):
