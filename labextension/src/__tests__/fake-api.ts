@@ -14,6 +14,7 @@ import type {
   JobState
 } from '../contracts';
 
+// Built with `as`: fields that later contracts add need no change here.
 export function job(id: string, state: JobState, extra: Partial<IJob> = {}): IJob {
   return {
     api_version: 'gpulayer.dev/v1alpha1',
@@ -43,7 +44,7 @@ export function job(id: string, state: JobState, extra: Partial<IJob> = {}): IJo
       retries: 0,
       priority: 0,
       labels: {}
-    },
+    } as IJob['spec'],
     state,
     reason: null,
     owner: 'ada',
@@ -58,7 +59,7 @@ export function job(id: string, state: JobState, extra: Partial<IJob> = {}): IJo
     tasks: [],
     pending_reasons: [],
     ...extra
-  };
+  } as IJob;
 }
 
 export function withGpus(j: IJob, gpus: number): IJob {
@@ -96,7 +97,7 @@ export function worker(name: string, gpus: number, extra: Partial<IWorker> = {})
     gpus: [],
     tasks: [],
     ...extra
-  };
+  } as IWorker;
 }
 
 export function line(offset: number, text: string, rank?: number): ILogLine {
