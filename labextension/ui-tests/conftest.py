@@ -209,7 +209,9 @@ def gl_bare_lab(tmp_path: Path) -> Iterator[str]:
             f"--ServerApp.root_dir={tmp_path}", "--LabApp.extension_manager=readonly"]  # fmt: skip
     env["JUPYTER_TOKEN"] = token
     with (tmp_path / "lab.log").open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 60
