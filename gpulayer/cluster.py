@@ -104,6 +104,10 @@ class LocalCluster:
         then verify it against their CA bundle rather than pinning it.
     server_args
         Extra ``--Class.trait=value`` arguments for the control plane.
+    server_module
+        What ``python -m`` runs as the control plane: ``jupyter_ext`` (headless, the
+        default) or ``jupyterlab`` (JupyterLab with the control plane and the sidebar
+        inside, as the browser tests run it).
 
     Examples
     --------
@@ -128,6 +132,7 @@ class LocalCluster:
         certfile: str | os.PathLike[str] | None = None,
         keyfile: str | os.PathLike[str] | None = None,
         server_args: Sequence[str] = (),
+        server_module: str = "jupyter_ext",
     ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.tls = (not is_loopback(host) or certfile is not None) if tls is None else tls
@@ -136,6 +141,7 @@ class LocalCluster:
         self.certfile = None if certfile is None else Path(certfile)
         self.keyfile = None if keyfile is None else Path(keyfile)
         self.server_args = list(server_args)
+        self.server_module = server_module
         self._fingerprint: str | None = None
         self.host = host
         self.port = port
@@ -377,7 +383,7 @@ class LocalCluster:
 
     def _control_plane_argv(self) -> list[str]:
         argv = [
-            sys.executable, "-m", "jupyter_ext",
+            sys.executable, "-m", self.server_module,
             f"--ServerApp.ip={self.host}",
             f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0",

@@ -19,7 +19,7 @@ from traitlets import Float, Int, Unicode, default, validate
 
 from gpulayer.contracts import API_PREFIX
 
-from . import handlers, token_handlers, worker_handlers
+from . import handlers, metrics, metrics_handlers, token_handlers, worker_handlers
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .scheduler import Scheduler
@@ -37,6 +37,11 @@ def routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
     return handlers.ROUTES + worker_handlers.ROUTES + token_handlers.ROUTES
 
 
+def outer_routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
+    """Routes beside the API (paths relative to ``<base_url>gpulayer/``)."""
+    return metrics_handlers.ROUTES
+
+
 @dataclass
 class Services:
     """What handlers reach through ``self.settings["gpulayer"]``."""
@@ -47,6 +52,8 @@ class Services:
     tokens: TokenService | None = None
     notifier: Notifier | None = None
     scheduler: Scheduler | None = None
+    metrics_registry: Any = None
+    metrics_state: Any = None
     #: Set once the start hook has opened the store; requests that arrive earlier wait.
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -123,6 +130,8 @@ class GpulayerApp(ExtensionApp):
         prefix = API_PREFIX.lstrip("/")
         for path, handler in routes():
             self.handlers.append((rf"/{prefix}/{path}/?", handler))
+        for path, handler in outer_routes():
+            self.handlers.append((rf"/{self.name}/{path}/?", handler))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
@@ -134,6 +143,7 @@ class GpulayerApp(ExtensionApp):
         await tokens.bootstrap(data)
         notifier = Notifier()
         blobs = BlobStore(data / "blobs")
+        registry, state, instruments = metrics.make_registry(self._services)
         scheduler = Scheduler(
             store,
             blobs,
@@ -143,9 +153,11 @@ class GpulayerApp(ExtensionApp):
             aging_seconds=self.aging_seconds,
             telemetry_samples=self.telemetry_samples,
             lease_seconds=self.lease_seconds,
+            instruments=instruments,
         )
         await scheduler.recover()
         s = self._services
+        s.metrics_registry, s.metrics_state = registry, state
         s.store, s.blobs, s.tokens, s.notifier, s.scheduler = (
             store,
             blobs,

@@ -299,7 +299,7 @@ class JobsHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("viewer", "submitter")
     async def get(self) -> None:
-        """List jobs, newest first (``state``, ``limit``)."""
+        """List jobs, newest first (``state``, ``owner``, ``limit``)."""
         state = self.get_query_argument("state", None)
         try:
             st = JobState(state) if state else None
@@ -310,7 +310,12 @@ class JobsHandler(GpulayerAPIHandler):
             ) from e
         limit = self.int_arg("limit", 100, 1, 10000)
         p = self.principal
-        owner = p.name if p is not None and p.role == "submitter" else None
+        # A submitter sees only its own jobs, whatever ``owner`` it asks for.
+        owner = (
+            p.name
+            if p is not None and p.role == "submitter"
+            else self.get_query_argument("owner", None)
+        )
         self.reply(JobList(jobs=await self.gl.scheduler.list_jobs(st, limit, owner)))
 
     @allow_unauthenticated

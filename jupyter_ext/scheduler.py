@@ -64,6 +64,7 @@ from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, Va
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
 from .fleet import Fleet
+from .metrics import Instruments
 from .placement import (
     Usage,
     WorkerView,
@@ -102,6 +103,8 @@ class Scheduler:
         How many heartbeats of readings each worker keeps (a bounded window).
     clock
         Current UNIX time; tests inject their own to move time without sleeping.
+    instruments
+        Prometheus histograms and counters to observe (unexported ones by default).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class Scheduler:
         aging_seconds: float = 300.0,
         telemetry_samples: int = 360,
         clock: Callable[[], float] = time.time,
+        instruments: Instruments | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -132,6 +136,7 @@ class Scheduler:
         # Parsed once: specs never change, registrations change only on register.
         self._specs: dict[str, tuple[JobSpec, str]] = {}
         self.fleet = Fleet(store, telemetry_samples)
+        self.instruments = instruments or Instruments()
 
     # ------------------------------------------------------------ start-up
 
@@ -461,6 +466,7 @@ class Scheduler:
                 for t in rows:
                     job = await self._job_row(t["job_id"])
                     check(t["state"], "running", f"task {t['id']}")
+                    self.instruments.dispatch_latency.observe(max(0.0, now - t["created_at"]))
                     stmts.append(
                         (
                             "UPDATE tasks SET state = 'running', started_at = ?, lease_expires = ?"
@@ -502,6 +508,7 @@ class Scheduler:
             batch.seq,
             [(e.stream.value, e.ts.timestamp(), e.text) for e in batch.lines],
         )
+        self.instruments.log_lines.inc(max(0, n - task["log_seq"]))
         self.notifier.notify(logs_key(task["job_id"]))
         return LogAck(next_seq=n)
 
@@ -614,6 +621,7 @@ class Scheduler:
                     continue
                 w, gpus = choice
                 stmts += self._place(job, w, gpus, now)
+                self.instruments.placement_latency.observe(max(0.0, now - job["updated_at"]))
                 usage[w.id].tasks += 1
                 usage[w.id].gpus.update(dict.fromkeys(gpus, job["id"]))
                 free_slots -= 1

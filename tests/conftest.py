@@ -54,8 +54,10 @@ def gl_api(jp_fetch, gl_data_dir):
     """``await gl_api("jobs", method="POST", json_body={...}, token=...)`` -> (status, body).
 
     ``token`` is ``"admin"`` (default) or ``"join"`` for the bootstrap tokens, or a
-    literal token. Never raises on 4xx/5xx. The first call waits (through the health
-    route) until the extension has started and written its token files.
+    literal token; ``prefix`` the path before ``parts`` (the API's by default). Never
+    raises on 4xx/5xx; bodies that are not JSON come back as bytes. The first call
+    waits (through the health route) until the extension has started and written
+    its token files.
     """
     started = False
 
@@ -67,6 +69,7 @@ def gl_api(jp_fetch, gl_data_dir):
         token="admin",
         params=None,
         headers=None,
+        prefix=("gpulayer", "api", "v1"),
         **kw,
     ):
         nonlocal started
@@ -81,9 +84,7 @@ def gl_api(jp_fetch, gl_data_dir):
         if body is None and method in ("POST", "PUT"):
             body = b""
         resp = await jp_fetch(
-            "gpulayer",
-            "api",
-            "v1",
+            *prefix,
             *parts,
             method=method,
             body=body,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_ext import app, handlers, token_handlers, worker_handlers
+from jupyter_ext import app, handlers, metrics_handlers, token_handlers, worker_handlers
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 UNUSABLE = ("none", "expired", "revoked", "unknown", "malformed")
@@ -75,6 +75,7 @@ class Case:
     params: dict[str, str] | None = None
     fresh: Fresh | None = None  # per-call objects, for calls that change state
     unusable: dict[str, int] = field(default_factory=dict)  # overrides of 401
+    prefix: tuple[str, ...] = ("gpulayer", "api", "v1")  # routes beside the API differ
 
 
 def _all(status: int) -> dict[str, int]:
@@ -248,7 +249,16 @@ MATRIX: dict[type, dict[str, Case]] = {
     T.TokenHandler: {
         "delete": Case(lambda c, f: ("tokens", f["name"]), {"admin": 204}, fresh=_token),
     },
+    metrics_handlers.MetricsHandler: {
+        "get": Case(lambda c, f: ("metrics",), {"admin": 200, "viewer": 200},
+                    prefix=("gpulayer",)),
+    },
 }  # fmt: skip
+
+
+def _mounted() -> list[tuple[str, type]]:
+    """Every route the app mounts: the API's and those beside it."""
+    return app.routes() + app.outer_routes()
 
 
 def _verbs(handler: type) -> list[str]:
@@ -256,7 +266,7 @@ def _verbs(handler: type) -> list[str]:
 
 
 def test_every_mounted_route_has_a_matrix_entry():
-    for path, handler in app.routes():
+    for path, handler in _mounted():
         entry = MATRIX.get(handler)
         assert entry is not None, f"route {path!r} ({handler.__name__}) has no MATRIX entry"
         assert sorted(entry) == sorted(_verbs(handler)), (
@@ -324,7 +334,7 @@ async def _setup(gl_api, admin_token: str) -> Ctx:
 async def test_route_role_matrix(gl_api, gl_data_dir):
     ctx = await _setup(gl_api, (gl_data_dir / "admin.token").read_text().strip())
     failures = []
-    for path, handler in app.routes():
+    for path, handler in _mounted():
         assert handler in MATRIX, f"add {handler.__name__} ({path}) to MATRIX"
         for verb, case in MATRIX[handler].items():
             for who in ROLES + UNUSABLE:
@@ -335,7 +345,8 @@ async def test_route_role_matrix(gl_api, gl_data_dir):
                 )  # fmt: skip
                 f = await case.fresh(ctx) if case.fresh else {}
                 body = case.body(ctx, f)
-                kw: dict[str, Any] = {"method": verb.upper(), "params": case.params}
+                kw: dict[str, Any] = {"method": verb.upper(), "params": case.params,
+                                      "prefix": case.prefix}  # fmt: skip
                 if isinstance(body, bytes):
                     kw["body"] = body
                 elif body is not None:
@@ -346,5 +357,6 @@ async def test_route_role_matrix(gl_api, gl_data_dir):
                     failures.append(f"{verb.upper()} {path} as {who}: {status}, not {expected}"
                                     f" ({detail})")  # fmt: skip
                 elif status >= 400:
+                    assert isinstance(answer, dict), (path, who, answer)
                     assert answer["code"] in ("unauthenticated", "forbidden"), answer
     assert not failures, "\n".join(failures)

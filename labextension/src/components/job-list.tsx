@@ -1,0 +1,95 @@
+// Jobs: filter by state and owner, elapsed time, open, cancel.
+
+import React from 'react';
+
+import { IJob, JOB_STATES, JobState } from '../contracts';
+import { ClusterModel, elapsedSeconds, formatDuration, isTerminal } from '../model';
+import { useTick } from './use-changed';
+
+function JobRow(props: {
+  job: IJob;
+  now: number;
+  onOpen: (id: string) => void;
+  onCancel: (id: string) => void;
+}) {
+  const j = props.job;
+  const where = j.worker_name ? ` on ${j.worker_name}` : '';
+  return (
+    <li className="gpulayer-job" data-job-id={j.id} data-state={j.state}>
+      <button
+        className="gpulayer-job-open"
+        title={`Open job ${j.id}`}
+        onClick={() => props.onOpen(j.id)}
+      >
+        <span className="gpulayer-job-name">{j.spec.name ?? j.id}</span>
+        <span className={`gpulayer-state gpulayer-state-${j.state}`}>{j.state}</span>
+      </button>
+      <div className="gpulayer-job-meta">
+        {j.owner}
+        {where} · {formatDuration(elapsedSeconds(j, props.now))}
+        {j.spec.resources.gpus > 0 && ` · ${j.spec.resources.gpus} GPU`}
+      </div>
+      {j.state === 'queued' && j.reason && <div className="gpulayer-job-reason">{j.reason}</div>}
+      {!isTerminal(j.state) && (
+        <button className="gpulayer-cancel jp-mod-styled" onClick={() => props.onCancel(j.id)}>
+          Cancel
+        </button>
+      )}
+    </li>
+  );
+}
+
+export function JobList(props: {
+  model: ClusterModel;
+  onOpen: (id: string) => void;
+  onCancel: (id: string) => void;
+}) {
+  const { model } = props;
+  const now = useTick(1000);
+  const filter = model.filter;
+  return (
+    <div className="gpulayer-jobs">
+      <div className="gpulayer-filters">
+        <label>
+          state{' '}
+          <select
+            className="gpulayer-filter-state"
+            value={filter.state ?? ''}
+            onChange={e => void model.setFilter({ state: (e.target.value || null) as JobState | null })}
+          >
+            <option value="">any</option>
+            {JOB_STATES.map(s => (
+              <option key={s} value={s}>
+                {s}
+              </option>
+            ))}
+          </select>
+        </label>
+        <label>
+          owner{' '}
+          <select
+            className="gpulayer-filter-owner"
+            value={filter.owner ?? ''}
+            onChange={e => void model.setFilter({ owner: e.target.value || null })}
+          >
+            <option value="">anyone</option>
+            {model.owners.map(o => (
+              <option key={o} value={o}>
+                {o}
+              </option>
+            ))}
+          </select>
+        </label>
+      </div>
+      {model.jobs.length === 0 ? (
+        <div className="gpulayer-empty">No jobs{filter.state || filter.owner ? ' match' : ' yet'}.</div>
+      ) : (
+        <ul className="gpulayer-job-list">
+          {model.jobs.map(j => (
+            <JobRow key={j.id} job={j} now={now} onOpen={props.onOpen} onCancel={props.onCancel} />
+          ))}
+        </ul>
+      )}
+    </div>
+  );
+}
