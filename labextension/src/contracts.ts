@@ -56,6 +56,22 @@ export interface IEventList {
   events: IEvent[];
 }
 
+/** The pickled call(s) of a ``function`` job (see :mod:`gpulayer.payload`). Exactly one of ``payload`` (inline; base64 in JSON) or ``payload_blob`` (uploaded to ``blobs``). */
+export interface IFunctionCall {
+  /** payload format version */
+  format: number;
+  /** major.minor of the Python that pickled it */
+  python: string;
+  /** the function's qualified name, for people */
+  name: string;
+  payload: string | null;
+  payload_blob: string | null;
+  /** calls in the payload (map chunks) */
+  calls: number;
+  /** retry when the function raises (not only on crashes and loss) */
+  retry_exceptions: boolean;
+}
+
 /** One GPU's readings at a heartbeat. */
 export interface IGpuSample {
   index: number;
@@ -91,13 +107,19 @@ export interface IJob {
   started_at: string | null;
   ended_at: string | null;
   tasks: ITask[];
+  /** a function job's outcomes when small (only in single-job answers) */
+  result: string | null;
+  /** bytes of a function job's result */
+  result_size: number | null;
+  /** lines of output stored so far */
+  log_lines: number;
   /** while queued: per worker, why the job does not fit there */
   pending_reasons: string[];
 }
 
 /** What a job runs. */
-export type JobKind = 'command';
-export const JOB_KINDS: readonly JobKind[] = ['command'];
+export type JobKind = 'command' | 'function';
+export const JOB_KINDS: readonly JobKind[] = ['command', 'function'];
 
 /** A page of jobs, newest first. */
 export interface IJobList {
@@ -105,7 +127,7 @@ export interface IJobList {
   jobs: IJob[];
 }
 
-/** What a user submits. Exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``) is given. */
+/** What a user submits. A ``command`` job gives exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives ``function`` and runs in one of the worker's warm Python runners. */
 export interface IJobSpec {
   api_version: 'gpulayer.dev/v1alpha1';
   kind: JobKind;
@@ -115,6 +137,7 @@ export interface IJobSpec {
   env: { [key: string]: string };
   /** sha256 of a tar.gz uploaded to /blobs, unpacked as the task's cwd */
   bundle: string | null;
+  function: IFunctionCall | null;
   resources: IResources;
   /** seconds, or a string like '10m' */
   timeout: number | null;
@@ -236,6 +259,7 @@ export interface IWorker {
   labels: { [key: string]: string };
   slots: number;
   version: string;
+  python: string;
   registered_at: string;
   last_heartbeat: string | null;
   running_tasks: string[];
