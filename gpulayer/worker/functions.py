@@ -105,8 +105,8 @@ class Runner:
         runner = cls(key, proc)
         try:
             msg = await asyncio.wait_for(runner._recv(), _START_TIMEOUT_SECONDS)
-        except BaseException:
-            runner.kill()
+        except BaseException:  # incl. cancellation by RunnerPool.close: reap it first
+            await asyncio.shield(runner.close())
             raise
         if msg is None or msg[0] != "ready":
             runner.kill()
@@ -239,15 +239,21 @@ class RunnerPool:
     async def take(self, key: Key) -> Runner:
         """An idle runner for ``key``, or a new one; a spare starts behind it."""
         self._retire_stale()
-        while idle := self._idle.get(key):
-            # The warmest runner first: it has the user's imports and caches loaded.
-            runner = max(idle, key=lambda r: (r.calls, r.idle_since))
-            idle.remove(runner)
-            if runner.alive:
-                break
-            await runner.close()
-        else:
+        while True:
+            if idle := self._idle.get(key):
+                # The warmest runner first: it has the user's imports and caches loaded.
+                runner = max(idle, key=lambda r: (r.calls, r.idle_since))
+                idle.remove(runner)
+                if runner.alive:
+                    break
+                await runner.close()
+                continue
+            starting = [t for t in self._spares if t.get_name() == _spare_name(key)]
+            if starting:  # one is on its way: cheaper than starting a second
+                await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
+                continue
             runner = await Runner.start(key, self.env_for(key))
+            break
         self._busy.add(runner)
         if not self._idle.get(key) and not self._starting.get(key) and self._room():
             self._spare(key)  # the next concurrent call of this key finds one ready
@@ -270,8 +276,10 @@ class RunnerPool:
     async def close(self) -> None:
         """Kill every runner (busy ones too) and wait for them."""
         self._closed = True
-        for t in self._spares:
+        spares = list(self._spares)
+        for t in spares:
             t.cancel()
+        await asyncio.gather(*spares, return_exceptions=True)
         runners = [r for rs in self._idle.values() for r in rs] + list(self._busy)
         self._idle.clear()
         await asyncio.gather(*(r.close() for r in runners), return_exceptions=True)
@@ -301,7 +309,7 @@ class RunnerPool:
             self._idle.setdefault(key, []).append(runner)
             await self._trim()
 
-        task = asyncio.create_task(start(), name="spare-runner")
+        task = asyncio.create_task(start(), name=_spare_name(key))
         self._spares.add(task)
         task.add_done_callback(self._spares.discard)
 
@@ -323,6 +331,10 @@ class RunnerPool:
             for runner in [r for r in rs if now - r.idle_since > self.idle_seconds]:
                 rs.remove(runner)
                 runner.kill()
+
+
+def _spare_name(key: Key) -> str:
+    return f"spare-runner-{key!r}"
 
 
 class FunctionRun:
