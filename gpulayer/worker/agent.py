@@ -348,6 +348,8 @@ class Agent:
         logs = LogShipper(task_id, send, batch_seconds=batch)
         task = _Task(assignment, logs)
         self._tasks[task_id] = task
+        if assignment.spec.session is not None:
+            self._kernels.expect(assignment.spec.session.name)
         task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
         task.pipeline = asyncio.create_task(self._pipeline(task), name=f"task-{task_id}")
 

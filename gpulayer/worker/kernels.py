@@ -202,8 +202,27 @@ class KernelHost:
     """The worker's sessions: their kernels, by session name."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, Kernel] = {}
+        self.sessions: dict[str, Kernel] = {}  # the kernels that are up, by session name
         self._runs: set[SessionRun] = set()
+        # Sessions assigned here whose kernel is not up yet: cells placed meanwhile wait.
+        self._coming: dict[str, asyncio.Future[Kernel | None]] = {}
+
+    def expect(self, name: str) -> None:
+        """A session was assigned to this worker: its cells wait for its kernel."""
+        if name not in self._coming or self._coming[name].done():
+            self._coming[name] = asyncio.get_running_loop().create_future()
+
+    def _started(self, name: str, kernel: Kernel | None) -> None:
+        fut = self._coming.pop(name, None)
+        if fut is not None and not fut.done():
+            fut.set_result(kernel)
+
+    async def kernel(self, name: str) -> Kernel | None:
+        """The kernel of session ``name`` (waiting while it starts), or None."""
+        if name in self.sessions:
+            return self.sessions[name]
+        fut = self._coming.get(name)
+        return None if fut is None else await asyncio.shield(fut)
 
     async def close(self) -> None:
         """End every session (the agent is stopping)."""
@@ -276,7 +295,7 @@ class CellRun:
         """Run the cell; never raises for what the cell does."""
         name = self._cell.session
         if name is not None:
-            kernel = self._host.sessions.get(name)
+            kernel = await self._host.kernel(name)
             if kernel is None:
                 return self._fail(f"session {name!r} is not running on this worker")
         else:
@@ -413,8 +432,10 @@ class SessionRun:
             try:
                 await self._kernel.start()
             except KernelDied as e:
+                self._host._started(self._name, None)
                 return Outcome("failed", None, str(e), retry=False)
             self._host.sessions[self._name] = self._kernel
+            self._host._started(self._name, self._kernel)
             now = datetime.now(UTC)
             self._on_line(c.LogStream.system, f"session {self._name} started", now)
             while not self._stop.is_set():
@@ -427,6 +448,7 @@ class SessionRun:
             return Outcome("succeeded", 0, f"session ended ({self._stop_reason})")
         finally:
             self._host._runs.discard(self)
+            self._host._started(self._name, None)  # cancelled while starting
             if self._host.sessions.get(self._name) is self._kernel:
                 del self._host.sessions[self._name]
             await self._kernel.shutdown()
