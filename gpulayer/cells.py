@@ -93,7 +93,7 @@ def ensure_session(
         pass
     try:
         req = contracts.CreateSession(
-            name=name, resources=_resources(profile=None, **resources), idle_timeout=idle_timeout
+            name=name, resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources}), idle_timeout=idle_timeout
         )
     except PydanticValidationError as e:
         raise pydantic_to_gpulayer(e) from e
@@ -139,7 +139,7 @@ def cell_spec(
             name=name,
             cell=cell,
             timeout=timeout,
-            resources=_resources(profile=None, **resources) if session is None else {},
+            resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources}) if session is None else {},
         )
     except PydanticValidationError as e:
         raise pydantic_to_gpulayer(e) from e

@@ -278,6 +278,8 @@ class Scheduler:
             if state in _TERMINAL:
                 raise InvalidTransition(f"job {job_id} already {state}; there is nothing to cancel")
             reason = reason or f"cancelled by {by}"
+            if self._spec(row)[0].kind == "session":
+                self.sessions.ending.add(job_id)  # its name is free from now on
             stmts: list[tuple[str, Sequence[Any]]] = []
             wake: str | None = None
             task = await self._current_task(job_id)

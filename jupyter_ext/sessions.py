@@ -40,6 +40,8 @@ class Sessions:
         self.open_cells: dict[str, str] = {}  # cell job id (in a session) -> session name
         self._activity: dict[str, float] = {}  # session name -> last submit or end of a cell
         self._cells_run: dict[str, int] = {}  # session job id -> cells that ended
+        # Sessions asked to end whose worker has not confirmed yet: their name is free.
+        self.ending: set[str] = set()
 
     def _spec(self, row: sqlite3.Row) -> JobSpec:
         return self._s._spec(row)[0]  # noqa: SLF001 - parsed once, cached by the scheduler
@@ -52,7 +54,7 @@ class Sessions:
         return {
             self._spec(r).session.name: r  # type: ignore[union-attr]
             for r in rows
-            if self._spec(r).session is not None
+            if self._spec(r).session is not None and r["id"] not in self.ending
         }
 
     async def recover(self) -> None:
@@ -152,6 +154,7 @@ class Sessions:
     def session_ended(self, job_id: str) -> None:
         """Forget what was counted for an ended session."""
         self._cells_run.pop(job_id, None)
+        self.ending.discard(job_id)
 
     def count_cell(self, session: str, active: dict[str, sqlite3.Row]) -> None:
         """One more cell of ``session`` ended."""

@@ -418,10 +418,12 @@ class SessionRun:
         return self._kernel.pid
 
     def cancel(self, reason: str) -> None:
-        """End the session."""
+        """End the session; from now on its name is free for a new one."""
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
+        if self._host.sessions.get(self._name) is self._kernel:
+            del self._host.sessions[self._name]
 
     async def run(self) -> Outcome:
         """Start the kernel, serve the session, shut it down; never raises."""
