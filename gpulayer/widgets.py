@@ -49,10 +49,10 @@ class JobMonitor(w.VBox):
         self.tail_lines = tail_lines
         self.header = w.HTML()
         self.reasons = w.HTML()
-        self.log = w.HTML()
+        self.log_pane = w.HTML()
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="danger")
         self.cancel_button.on_click(lambda _: self.cancel())
-        super().__init__([self.header, self.reasons, self.log, self.cancel_button])
+        super().__init__([self.header, self.reasons, self.log_pane, self.cancel_button])
         self._decoder = cells.MessageDecoder()
         self._offset = 0
         self._thread: threading.Thread | None = None
@@ -86,8 +86,8 @@ class JobMonitor(w.VBox):
                 texts.extend(text.splitlines() or [""])
         if texts:
             self.log_tail = (self.log_tail + texts)[-self.tail_lines :]
-            self.log.value = "<pre style='margin:0'>" + html.escape("\n".join(self.log_tail))
-            self.log.value += "</pre>"
+            self.log_pane.value = "<pre style='margin:0'>" + html.escape("\n".join(self.log_tail))
+            self.log_pane.value += "</pre>"
 
     def cancel(self) -> None:
         """The cancel button: cancel the job (nothing happens once it ended)."""
