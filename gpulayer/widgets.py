@@ -247,7 +247,7 @@ def job_bundle(job: Job, include: Any = None, exclude: Any = None) -> dict[str, 
     text = job_summary(job.info)
     if not _in_notebook():
         return {"text/plain": text}
-    bundle = JobMonitor(job, follow=True)._repr_mimebundle_(include, exclude)
+    bundle = JobMonitor(job, follow=True)._repr_mimebundle_()
     return {**(bundle or {}), "text/plain": text}
 
 
@@ -262,7 +262,7 @@ def connection_bundle(conn: Connection, include: Any = None, exclude: Any = None
     if not _in_notebook():
         return {"text/plain": text}
     box = w.VBox([w.HTML(html.escape(text)), WorkersTable(conn)])
-    return {**(box._repr_mimebundle_(include, exclude) or {}), "text/plain": text}
+    return {**(box._repr_mimebundle_() or {}), "text/plain": text}
 
 
 def job_summary(info: contracts.Job) -> str:
