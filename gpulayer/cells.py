@@ -93,7 +93,9 @@ def ensure_session(
         pass
     try:
         req = contracts.CreateSession(
-            name=name, resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources}), idle_timeout=idle_timeout
+            name=name,
+            resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources}),
+            idle_timeout=idle_timeout,
         )
     except PydanticValidationError as e:
         raise pydantic_to_gpulayer(e) from e
@@ -139,7 +141,9 @@ def cell_spec(
             name=name,
             cell=cell,
             timeout=timeout,
-            resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources}) if session is None else {},
+            resources=_resources(profile=None, **{"gpus": 0, "cpus": 1, **resources})
+            if session is None
+            else {},
         )
     except PydanticValidationError as e:
         raise pydantic_to_gpulayer(e) from e
@@ -257,9 +261,9 @@ class CellRun:
         JobFailed
             It timed out, was cancelled or lost, or its kernel died.
         """
-        if self.reply is not None and self.reply.get("status") == "ok":
-            if not self.info.spec.cell or not self.info.spec.cell.pull:
-                return {}
+        ok = self.reply is not None and self.reply.get("status") == "ok"
+        if ok and (not self.info.spec.cell or not self.info.spec.cell.pull):
+            return {}
         info = self.wait()
         if self.error is not None and info.state != contracts.JobState.succeeded:
             raise remote_error(self.error, info)

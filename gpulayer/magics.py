@@ -230,14 +230,20 @@ def _workers(args: Any) -> Any:
 
 
 def _jobs(args: Any) -> None:
-    rows = [(j.id, j.spec.kind, j.spec.name or "-", str(j.state), j.worker_name or "-",
-             contracts.format_duration(j.duration)) for j in connection().jobs(limit=20)]  # fmt: skip
+    rows = [
+        (j.id, j.spec.kind, j.spec.name or "-", str(j.state), j.worker_name or "-",
+         contracts.format_duration(j.duration))
+        for j in connection().jobs(limit=20)
+    ]  # fmt: skip
     _print_table(("ID", "KIND", "NAME", "STATE", "WORKER", "DURATION"), rows)
 
 
 def _sessions(args: Any) -> None:
-    rows = [(s.name, str(s.state), s.worker_name or "-", ",".join(map(str, s.gpu_indices)) or "-",
-             str(s.cells), contracts.format_duration(s.idle_timeout)) for s in connection().sessions()]  # fmt: skip
+    rows = [
+        (s.name, str(s.state), s.worker_name or "-", ",".join(map(str, s.gpu_indices)) or "-",
+         str(s.cells), contracts.format_duration(s.idle_timeout))
+        for s in connection().sessions()
+    ]  # fmt: skip
     _print_table(("NAME", "STATE", "WORKER", "GPUS", "CELLS", "IDLE TIMEOUT"), rows)
 
 
@@ -302,7 +308,7 @@ def _print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 def load(ipython: Any) -> None:
     """Register the magics and connect without ceremony where that is possible."""
     ipython.register_magics(GpulayerMagics)
-    if client._default is not None:  # noqa: SLF001 - already connected (e.g. a reload)
+    if client._default is not None:
         return
     parent = config.jupyter_parent()
     if parent is not None:

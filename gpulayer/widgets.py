@@ -255,8 +255,10 @@ def connection_bundle(conn: Connection, include: Any = None, exclude: Any = None
     """``Connection._repr_mimebundle_``: the workers table in a notebook, text elsewhere."""
     try:
         health = conn.health()
-        text = (f"<gpulayer.Connection {conn.url}: gpulayer {health.version},"
-                f" {health.workers_ready} workers ready, {health.jobs_active} jobs active>")  # fmt: skip
+        text = (
+            f"<gpulayer.Connection {conn.url}: gpulayer {health.version},"
+            f" {health.workers_ready} workers ready, {health.jobs_active} jobs active>"
+        )
     except errors.GpulayerError as e:
         return {"text/plain": f"<gpulayer.Connection {conn.url}: {e.message}>"}
     if not _in_notebook():

@@ -72,7 +72,6 @@ from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, Va
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
 from .fleet import Fleet
-from .sessions import Sessions
 from .placement import (
     Usage,
     WorkerView,
@@ -83,6 +82,7 @@ from .placement import (
     usage_by_worker,
     waiting_report,
 )
+from .sessions import Sessions
 from .store import Store, as_datetime, job_model, result_statement, task_model
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import TERMINAL, Statement, check, event, job_to, task_end

@@ -44,7 +44,7 @@ class Sessions:
         self.ending: set[str] = set()
 
     def _spec(self, row: sqlite3.Row) -> JobSpec:
-        return self._s._spec(row)[0]  # noqa: SLF001 - parsed once, cached by the scheduler
+        return self._s._spec(row)[0]
 
     # ------------------------------------------------------------ queries
 
@@ -134,14 +134,14 @@ class Sessions:
                 self.cell_ended(job["id"])
                 placed.append((job["id"], ""))
                 continue
-            task = await self._s._current_task(session["id"])  # noqa: SLF001
+            task = await self._s._current_task(session["id"])
             if session["state"] != "running" or task is None or task["state"] != "running":
                 continue  # the session's kernel is still starting: the cell waits
             w = views.get(task["worker_id"])
             if w is None:
                 continue
             gpus = [int(i) for i in _json_list(task["gpu_indices"])]
-            stmts += self._s._place(job, w, gpus, now)  # noqa: SLF001
+            stmts += self._s._place(job, w, gpus, now)
             placed.append((job["id"], w.id))
         return stmts, placed
 
@@ -181,8 +181,8 @@ class Sessions:
         """The :class:`~gpulayer.contracts.Session` of a session job row."""
         spec = self._spec(row)
         assert spec.session is not None
-        task = await self._s._current_task(row["id"])  # noqa: SLF001
-        names = await self._s._worker_names()  # noqa: SLF001
+        task = await self._s._current_task(row["id"])
+        names = await self._s._worker_names()
         last = self._activity.get(spec.session.name)
         return Session(
             name=spec.session.name,

@@ -448,6 +448,14 @@ class Agent:
         """A cell or session task, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
         a = task.assignment
         log.debug("task %s (job %s, %s) started", a.task_id, a.job_id, a.spec.kind)
+        cell = a.spec.cell
+        if cell is not None and cell.session and not (cell.push or cell.push_blob or cell.pull):
+            # A plain cell in a session touches no files: skip its folder (latency).
+            task.run = CellRun(self._kernels, a, env={}, cwd=Path(), scratch=Path(),
+                               on_line=task.logs.add)  # fmt: skip
+            if task.cancel_reason is not None:
+                task.run.cancel(task.cancel_reason)
+            return await task.run.run()
         task.dir = await asyncio.to_thread(TaskDir.create, self.data_dir / "tasks", a.task_id)
         env = task_env(a, task.dir.artifacts)
         if a.spec.session is not None:
@@ -455,7 +463,6 @@ class Agent:
                 self._kernels, a, env=env, cwd=task.dir.work, on_line=task.logs.add
             )
         else:
-            cell = a.spec.cell
             assert cell is not None
             try:
                 push = cell.push

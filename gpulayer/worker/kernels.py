@@ -113,7 +113,7 @@ class Kernel:
             language="python",
         )
         km = AsyncKernelManager(transport="ipc", connection_file=str(self._dir / "kernel.json"))
-        km._kernel_spec = spec  # noqa: SLF001 - the documented cache behind `kernel_spec`
+        km._kernel_spec = spec
         self._km = km
         try:
             await km.start_kernel(env=self.env, cwd=str(self.cwd))
@@ -273,6 +273,7 @@ class CellRun:
         self._stop = asyncio.Event()
         self._stop_reason: str | None = None
         self._interrupted = False
+        self._signal: asyncio.Future[None] | None = None  # an interrupt on its way
 
     @property
     def pid(self) -> int | None:
@@ -289,7 +290,7 @@ class CellRun:
         """SIGINT the kernel; the cell ends ``cancelled`` once the kernel says so."""
         self._interrupted = True
         if self._kernel is not None:
-            asyncio.ensure_future(self._kernel.interrupt())
+            self._signal = asyncio.ensure_future(self._kernel.interrupt())
 
     async def run(self) -> Outcome:
         """Run the cell; never raises for what the cell does."""
@@ -390,7 +391,11 @@ class CellRun:
         self._relay(
             c.KernelMessage(
                 msg_type="error",
-                content={"ename": "KernelError", "evalue": why, "traceback": [f"KernelError: {why}"]},
+                content={
+                    "ename": "KernelError",
+                    "evalue": why,
+                    "traceback": [f"KernelError: {why}"],
+                },
             )
         )
         self._relay(c.KernelMessage(msg_type="execute_reply", content={"status": "error"}))

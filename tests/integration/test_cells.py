@@ -18,7 +18,7 @@ from gpulayer.cells import strip_ansi
 
 from .conftest import until
 
-# A 1×1 PNG: what any figure or image display relays.
+# A 1x1 PNG: what any figure or image display relays.
 PNG = base64.b64encode(
     bytes.fromhex(
         "89504e470d0a1a0a0000000d4948445200000001000000010806000000"

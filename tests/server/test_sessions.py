@@ -60,7 +60,11 @@ async def test_cells_run_on_the_session_worker_with_its_gpus_and_no_slot(gl_api)
     _, listed = await gl_api("sessions")
     (one,) = listed["sessions"]
     assert (one["name"], one["state"], one["worker_name"], one["gpu_indices"]) == (
-        "train", "running", "w1", [0])
+        "train",
+        "running",
+        "w1",
+        [0],
+    )
 
     status, none = await gl_api("jobs", method="POST", json_body=cell("1", "nope"))
     assert status == 404 and none["field"] == "cell.session"
@@ -77,7 +81,7 @@ async def test_cells_run_on_the_session_worker_with_its_gpus_and_no_slot(gl_api)
     status, _ = await gl_api("tasks", c["task_id"], "complete", method="POST", json_body=done,
                              token=tok)  # fmt: skip
     assert status == 200
-    status, again = await gl_api("jobs", early["id"], "interrupt", method="POST")
+    status, _ = await gl_api("jobs", early["id"], "interrupt", method="POST")
     assert status == 409
 
     # Ending it: the worker is told, the name is free at once, new cells are refused.

@@ -35,8 +35,10 @@ class FakePlane:
         self.submitted: list[contracts.JobSpec] = []
 
     def job(self, spec: contracts.JobSpec, state: str) -> contracts.Job:
-        return contracts.Job(id="j1", spec=spec, state=state, owner="ada", created_at=NOW,
-                             updated_at=NOW, worker_name="gpu-box-1", result=self.result)  # fmt: skip
+        return contracts.Job(
+            id="j1", spec=spec, state=state, owner="ada", created_at=NOW, updated_at=NOW,
+            worker_name="gpu-box-1", result=self.result,
+        )  # fmt: skip
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
@@ -61,8 +63,10 @@ class FakePlane:
             return self.answer(self.sessions[name])
         if verb == "POST" and path == "sessions":
             req = contracts.CreateSession.model_validate_json(request.content)
-            s = contracts.Session(name=req.name, job_id="s1", state="queued", owner="ada",
-                                  idle_timeout=req.idle_timeout or 3600, created_at=NOW)  # fmt: skip
+            s = contracts.Session(
+                name=req.name, job_id="s1", state="queued", owner="ada",
+                idle_timeout=req.idle_timeout or 3600, created_at=NOW,
+            )  # fmt: skip
             self.sessions[req.name] = s
             return self.answer(s, 201)
         if verb == "DELETE" and path.startswith("sessions/"):
@@ -140,7 +144,9 @@ def test_a_session_is_started_once_and_push_pull_move_variables(ip, plane):
     pulled = variables.pack({"b": [2, 4]}, ["b"], where="remotely")
     fake = plane(msg("execute_reply", status="ok"), result=pulled)
     ip.user_ns["a"] = [1, 2]
-    ip.run_cell_magic("gpulayer", "--session train --gpus 2 --push a --pull b", "b = [x * 2 for x in a]")
+    ip.run_cell_magic(
+        "gpulayer", "--session train --gpus 2 --push a --pull b", "b = [x * 2 for x in a]"
+    )
     ip.run_cell_magic("gpulayer", "--session train", "pass")
     assert ip.user_ns["b"] == [2, 4]
     creates = [r for r in fake.requests if r.method == "POST" and r.url.path.endswith("/sessions")]

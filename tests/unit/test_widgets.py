@@ -62,7 +62,9 @@ def test_job_monitor_shows_state_reasons_tail_and_end(recording):
     assert mon.pending_reasons == [] and mon.elapsed >= 3
     assert "gpu-box-1" in mon.header.value and "GPU 0,1" in mon.header.value
 
-    relayed = contracts.KernelMessage(msg_type="stream", content={"name": "stdout", "text": "a\nb\n"})
+    relayed = contracts.KernelMessage(
+        msg_type="stream", content={"name": "stdout", "text": "a\nb\n"}
+    )
     lines = [contracts.LogLine(offset=0, stream="iopub", ts=NOW, text=relayed.model_dump_json()),
              contracts.LogLine(offset=1, stream="system", ts=NOW, text="note")]  # fmt: skip
     mon.add_lines(lines)
@@ -125,10 +127,11 @@ def test_workers_table_and_jobs_progress():
     from gpulayer.widgets import JobsProgress, WorkersTable
 
     dev = contracts.Device(index=0, kind="cuda", name="A100", memory_bytes=80 << 30)
-    worker = contracts.Worker(id="w", name="gpu-box-1", hostname="h", state="ready", cpus=8,
-                              memory_bytes=1 << 34, devices=[dev], slots=4, version="0",
-                              registered_at=NOW, running_tasks=["t1"],
-                              gpus=[contracts.GpuSample(index=0, utilization_percent=75.0)])  # fmt: skip
+    worker = contracts.Worker(
+        id="w", name="gpu-box-1", hostname="h", state="ready", cpus=8, memory_bytes=1 << 34,
+        devices=[dev], slots=4, version="0", registered_at=NOW, running_tasks=["t1"],
+        gpus=[contracts.GpuSample(index=0, utilization_percent=75.0)],
+    )  # fmt: skip
 
     def handler(request):
         if request.url.path.endswith("/workers"):
