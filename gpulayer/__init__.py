@@ -29,6 +29,7 @@ __all__ = [
     "as_completed",
     "connect",
     "current_connection",
+    "load_ipython_extension",
     "remote",
     "submit",
     "wait",
@@ -46,6 +47,14 @@ _LAZY = {
     "wait": "gpulayer.remote_functions",
     "as_completed": "gpulayer.remote_functions",
 }
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpulayer``: the ``%%gpulayer`` and ``%gpulayer`` magics (imported
+    only now, so ``import gpulayer`` stays free of IPython)."""
+    from gpulayer import magics
+
+    magics.load(ipython)
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@
     gpulayer submit [-f] -- CMD ...   submit a command; -f streams its output
     gpulayer jobs | job ID | logs ID [-f] | cancel ID | artifacts ID [--download DIR]
     gpulayer workers
+    gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
     gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
     gpulayer demo                     a tour on a throw-away local cluster
 
@@ -27,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from gpulayer import __version__, client, config, contracts, errors, token_cli
+from gpulayer import __version__, cells, client, config, contracts, errors, token_cli
 
 if TYPE_CHECKING:
     from gpulayer.cluster import LocalCluster
@@ -174,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     arts.add_argument("job_id", metavar="ID")
     arts.add_argument("--download", type=Path, metavar="DIR")
     arts.set_defaults(func=_cmd_artifacts)
+
+    sub.add_parser("sessions", parents=[conn], help="list sessions (persistent remote kernels)"
+                   ).set_defaults(func=_cmd_sessions)  # fmt: skip
+    session = sub.add_parser("session", help="end a session")
+    session_verbs = session.add_subparsers(dest="session_cmd", required=True, metavar="VERB")
+    end = session_verbs.add_parser("end", parents=[conn], help="stop its kernel, free its GPUs")
+    end.add_argument("name", metavar="NAME")
+    end.set_defaults(func=_cmd_session_end)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_cmd_demo)
     token_cli.add_parsers(sub, conn)
@@ -365,10 +374,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 def _follow(conn: client.Connection, job_id: str) -> int:
     """Stream a job's output until it ends; returns the exit code to mirror."""
+    decoder = cells.MessageDecoder()
     try:
         for line in conn.follow_logs(job_id):
             out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
-            print(line.text, file=out, flush=True)
+            text = cells.log_text(line, decoder)  # a cell's relayed messages, as text
+            if text is not None:
+                print(text, file=out, flush=True)
         job = conn.wait(job_id)
     except KeyboardInterrupt:
         _note(f"stopped following; job {job_id} keeps running (gpulayer cancel {job_id})")
@@ -447,11 +459,14 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             _follow(conn, args.job_id)
             return 0
         offset = 0
+        decoder = cells.MessageDecoder()
         while True:
             page = conn.logs(args.job_id, offset)
             for line in page.lines:
                 out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
-                print(line.text, file=out)
+                text = cells.log_text(line, decoder)  # a cell's relayed messages, as text
+                if text is not None:
+                    print(text, file=out)
             if not page.lines or page.next_offset <= offset:
                 return 0
             offset = page.next_offset
@@ -475,6 +490,26 @@ def _cmd_workers(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     _table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "GPU USE", "CPUS", "MEMORY",
             "HEARTBEAT"), rows)  # fmt: skip
+    return 0
+
+
+def _cmd_sessions(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        sessions = conn.sessions()
+    rows = [
+        (s.name, str(s.state), s.owner, s.worker_name or "-",
+         ",".join(map(str, s.gpu_indices)) or "-", str(s.cells), _age(s.created_at),
+         contracts.format_duration(s.idle_timeout))
+        for s in sessions
+    ]  # fmt: skip
+    _table(("NAME", "STATE", "OWNER", "WORKER", "GPUS", "CELLS", "AGE", "IDLE TIMEOUT"), rows)
+    return 0
+
+
+def _cmd_session_end(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        conn.end_session(args.name)
+    print(f"session {args.name} ended")
     return 0
 
 

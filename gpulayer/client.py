@@ -105,6 +105,12 @@ class Connection:
     def __repr__(self) -> str:
         return f"<gpulayer.Connection {self.url}>"
 
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict:
+        """The workers table in a notebook, a one-line status elsewhere."""
+        from gpulayer import widgets
+
+        return widgets.connection_bundle(self, include, exclude)
+
     def __enter__(self) -> Self:
         return self
 
@@ -274,6 +280,28 @@ class Connection:
     def cancel(self, job_id: str) -> contracts.Job:
         """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended."""
         return self._parse(self._request("POST", f"jobs/{_seg(job_id)}/cancel"), contracts.Job)
+
+    def interrupt(self, job_id: str) -> contracts.Job:
+        """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (one not started is cancelled)."""
+        resp = self._request("POST", f"jobs/{_seg(job_id)}/interrupt")
+        return self._parse(resp, contracts.Job)
+
+    def sessions(self) -> list[contracts.Session]:
+        """``GET sessions``: the sessions that have not ended."""
+        return self._parse(self._request("GET", "sessions"), contracts.SessionList).sessions
+
+    def session(self, name: str) -> contracts.Session:
+        """``GET sessions/{name}``; raises ``NotFound`` once it ended."""
+        return self._parse(self._request("GET", f"sessions/{_seg(name)}"), contracts.Session)
+
+    def create_session(self, req: contracts.CreateSession) -> contracts.Session:
+        """``POST sessions``: start a persistent kernel; ``Conflict`` if the name is taken."""
+        resp = self._request("POST", "sessions", json_model=req, expect=(201,))
+        return self._parse(resp, contracts.Session)
+
+    def end_session(self, name: str) -> None:
+        """``DELETE sessions/{name}``: stop its kernel and free its slot and GPUs."""
+        self._request("DELETE", f"sessions/{_seg(name)}", expect=(204,))
 
     def events(self, job_id: str) -> list[contracts.Event]:
         """``GET jobs/{id}/events``: the job's state changes, oldest first."""

@@ -130,3 +130,40 @@ def resolve(
 
 def _same_url(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
+
+
+def jupyter_parent() -> ConnectionConfig | None:
+    """The Jupyter server that started this kernel, when there is one.
+
+    A kernel's parent (``JPY_PARENT_PID``, else the parent process, or one of
+    its ancestors) that is a Jupyter server has a ``jpserver-<pid>.json`` in the
+    Jupyter runtime directory, with its URL and token; the control plane accepts
+    that token as the Jupyter user (``c.GpulayerApp.jupyter_user_role``).
+    """
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    runtime = Path(jupyter_runtime_dir())
+    for pid in _ancestors():
+        try:
+            info = json.loads((runtime / f"jpserver-{pid}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        url, token = info.get("url"), info.get("token")
+        if isinstance(url, str) and isinstance(token, str) and token:
+            return ConnectionConfig(url=url, token=token)
+    return None
+
+
+def _ancestors(limit: int = 8) -> list[int]:
+    """This process's parent pids, nearest first (``JPY_PARENT_PID`` leads)."""
+    import psutil
+
+    pids = []
+    parent = os.environ.get("JPY_PARENT_PID", "")
+    if parent.isdigit():
+        pids.append(int(parent))
+    try:
+        pids += [p.pid for p in psutil.Process().parents()[:limit]]
+    except psutil.Error:
+        pids.append(os.getppid())
+    return list(dict.fromkeys(pids))

@@ -19,6 +19,11 @@ route                                      verb    body -> answer
 ``jobs/{id}``                              GET     -> :class:`Job`
 ``jobs/{id}/wait?timeout=S``               GET     -> :class:`Job` (200 when ended, 204)
 ``jobs/{id}/cancel``                       POST    -> :class:`Job` (409 when ended)
+``jobs/{id}/interrupt``                    POST    -> :class:`Job` (a cell: SIGINT its kernel)
+``sessions``                               GET     -> :class:`SessionList`
+``sessions``                               POST    :class:`CreateSession` -> 201 :class:`Session`
+``sessions/{name}``                        GET     -> :class:`Session`
+``sessions/{name}``                        DELETE  -> 204 (end the session)
 ``jobs/{id}/events``                       GET     -> :class:`EventList`
 ``jobs/{id}/logs?offset=&limit=&wait=S``   GET     -> :class:`LogPage`
 ``jobs/{id}/artifacts``                    GET     -> :class:`ArtifactList`
@@ -45,7 +50,7 @@ route                                      verb    body -> answer
 import enum
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -152,6 +157,8 @@ class JobKind(enum.StrEnum):
 
     command = "command"
     function = "function"
+    cell = "cell"
+    session = "session"
 
 
 class LogStream(enum.StrEnum):
@@ -160,6 +167,7 @@ class LogStream(enum.StrEnum):
     stdout = "stdout"
     stderr = "stderr"
     system = "system"
+    iopub = "iopub"  # a Jupyter message of a cell, as the JSON of a KernelMessage
 
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\w.\-@ ]+$")]
@@ -295,12 +303,57 @@ class FunctionCall(_Request):
         return self
 
 
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+
+
+class CellSpec(_Request):
+    """The code of a ``cell`` job, run in a headless Jupyter kernel on the worker.
+
+    ``session`` names a running session (its kernel, worker and GPUs); without
+    it the cell gets a fresh kernel with the job's own resources. ``push`` is a
+    ``values`` payload (:mod:`gpulayer.variables`) set in the kernel before the
+    cell runs, inline or uploaded (``push_blob``); ``pull`` names the variables
+    sent back as the job's result.
+    """
+
+    model_config = _BASE64
+
+    source: Annotated[str, StringConstraints(max_length=1024 * 1024)]
+    session: Name | None = None
+    push: bytes | None = Field(None, max_length=INLINE_BYTES)
+    push_blob: Sha256 | None = None
+    pull: list[Identifier] = Field([], max_length=256)
+
+    @model_validator(mode="after")
+    def _one_push(self) -> "CellSpec":
+        if self.push is not None and self.push_blob is not None:
+            raise ValueError("give at most one of 'push' (inline) or 'push_blob'")
+        return self
+
+
+class SessionSpec(_Request):
+    """A ``session`` job: a persistent kernel that holds its worker slot and GPUs
+    until it is ended or has been idle (no cell) for ``idle_timeout`` seconds."""
+
+    name: Name
+    idle_timeout: float | None = Field(
+        None, description="seconds or '30m'; default: the control plane's session_idle_seconds"
+    )
+
+    @field_validator("idle_timeout", mode="before")
+    @classmethod
+    def _idle(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)  # type: ignore[arg-type]
+
+
 class JobSpec(_Request):
     """What a user submits.
 
     A ``command`` job gives exactly one of ``command`` (an argv list, run without
     a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives
-    ``function`` and runs in one of the worker's warm Python runners.
+    ``function`` and runs in one of the worker's warm Python runners; a ``cell``
+    job gives ``cell`` and a ``session`` job ``session`` (both run in headless
+    Jupyter kernels; a cell in a session ignores ``resources``).
     """
 
     api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
@@ -315,6 +368,8 @@ class JobSpec(_Request):
         None, description="sha256 of a tar.gz uploaded to /blobs, unpacked as the task's cwd"
     )
     function: FunctionCall | None = None
+    cell: CellSpec | None = None
+    session: SessionSpec | None = None
     resources: Resources = Resources()
     timeout: float | None = Field(None, description="seconds, or a string like '10m'")
     retries: int = Field(0, ge=0, le=20, description="extra attempts after a failure or loss")
@@ -328,6 +383,10 @@ class JobSpec(_Request):
 
     @model_validator(mode="after")
     def _one_program(self) -> "JobSpec":
+        if self.kind in (JobKind.cell, JobKind.session):
+            return self._kernel_program()
+        if self.cell is not None or self.session is not None:
+            raise ValueError("'cell' and 'session' need kind 'cell' or 'session'")
         if self.kind == JobKind.function:
             if self.function is None:
                 raise ValueError("a 'function' job needs 'function' (the pickled call)")
@@ -339,6 +398,24 @@ class JobSpec(_Request):
         if (self.command is None) == (self.shell is None):
             raise ValueError("give exactly one of 'command' (argv list) or 'shell' (string)")
         return self
+
+    def _kernel_program(self) -> "JobSpec":
+        kind = self.kind.value
+        if self.command is not None or self.shell is not None or self.function is not None:
+            raise ValueError(f"a '{kind}' job takes no 'command', 'shell' or 'function'")
+        mine, other = (self.cell, self.session) if kind == "cell" else (self.session, self.cell)
+        if mine is None:
+            raise ValueError(f"a '{kind}' job needs '{kind}'")
+        if other is not None:
+            raise ValueError(f"a '{kind}' job takes no '{'session' if kind == 'cell' else 'cell'}'")
+        if self.retries and (kind == "session" or (self.cell and self.cell.session)):
+            raise ValueError("a kernel's state cannot be retried: sessions take retries=0")
+        return self
+
+    @property
+    def in_session(self) -> str | None:
+        """The session a cell runs in (None for every other job)."""
+        return self.cell.session if self.cell is not None else None
 
 
 class JobBatch(_Request):
@@ -628,6 +705,7 @@ class Acquired(_Document):
     api_version: str = API_VERSION
     assignments: list[Assignment] = []
     cancel: list[str] = Field([], description="task ids to stop")
+    interrupt: list[str] = Field([], description="cell task ids whose kernel gets SIGINT")
 
 
 class TaskCompletion(_Request):
@@ -715,6 +793,70 @@ class Placement(_Document):
     satisfiable: bool = Field(description="some registered worker could ever run it")
     summary: str
     workers: list[WorkerFit] = []
+
+
+# ----------------------------------------------------------------- sessions
+
+
+class CreateSession(_Request):
+    """``POST sessions``: start a persistent kernel on a worker that fits."""
+
+    api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
+    name: Name
+    resources: Resources = Resources()
+    idle_timeout: float | None = Field(None, description="seconds or '30m'")
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    labels: dict[LabelKey, Annotated[str, StringConstraints(max_length=256)]] = {}
+
+    @field_validator("idle_timeout", mode="before")
+    @classmethod
+    def _idle(cls, v: object) -> float | None:
+        return None if v is None else parse_duration(v)  # type: ignore[arg-type]
+
+
+class Session(_Document):
+    """A session as users see it: its job, where its kernel runs, when it expires."""
+
+    api_version: str = API_VERSION
+    name: str
+    job_id: str
+    state: JobState
+    reason: str | None = None
+    owner: str
+    worker_name: str | None = None
+    gpu_indices: list[int] = []
+    idle_timeout: float
+    created_at: datetime
+    started_at: datetime | None = None
+    last_activity: datetime | None = Field(None, description="when the last cell ended")
+    cells: int = Field(0, description="cells run in it so far")
+
+
+class SessionList(_Document):
+    """The sessions that have not ended, oldest first."""
+
+    api_version: str = API_VERSION
+    sessions: list[Session]
+
+
+class KernelMessage(_Document):
+    """One relayed Jupyter iopub message: the text of a ``LogStream.iopub`` line.
+
+    ``msg_type`` is one of ``stream``, ``display_data``, ``update_display_data``,
+    ``execute_result``, ``error``, ``clear_output``, or gpulayer's own
+    ``execute_reply`` (the cell is done; ``content`` is the kernel's reply).
+    A message longer than a log line travels as several lines: each but the
+    last starts with ``~`` (:data:`FRAGMENT`) and the client joins them.
+    """
+
+    msg_type: str
+    content: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    transient: dict[str, Any] = {}
+
+
+FRAGMENT = "~"
+"""Prefix of an ``iopub`` line that the next ``iopub`` line continues."""
 
 
 # ------------------------------------------------------------------- misc

@@ -127,6 +127,12 @@ class Job:
         """Download the job's artifacts (or only ``names``) below ``dest``."""
         return self.connection.download(self.id, dest, names)
 
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict:
+        """A live :class:`~gpulayer.widgets.JobMonitor` in a notebook, a summary elsewhere."""
+        from gpulayer import widgets
+
+        return widgets.job_bundle(self, include, exclude)
+
     def __repr__(self) -> str:
         short = self.id if len(self.id) <= 8 else self.id[:6] + "…"
         parts = [f"<Job {short}", str(self.info.state)]

@@ -85,6 +85,9 @@ class GpulayerApp(ExtensionApp):
     telemetry_samples = Int(360, help="Heartbeat readings kept per worker (in memory).").tag(
         config=True
     )
+    session_idle_seconds = Float(
+        3600.0, help="A session with no cell for this long is ended (unless it asks otherwise)."
+    ).tag(config=True)
     sweep_seconds = Float(1.0, help="How often leases and heartbeats are checked.").tag(config=True)
     max_body_bytes = Int(8 * 1024 * 1024, help="Largest JSON request body.").tag(config=True)
     max_blob_bytes = Int(512 * 1024 * 1024, help="Largest source bundle or artifact upload.").tag(
@@ -154,6 +157,7 @@ class GpulayerApp(ExtensionApp):
             telemetry_samples=self.telemetry_samples,
             lease_seconds=self.lease_seconds,
             instruments=instruments,
+            session_idle_seconds=self.session_idle_seconds,
         )
         await scheduler.recover()
         s = self._services

@@ -25,6 +25,7 @@ from gpulayer.contracts import (
     TERMINAL_STATES,
     ArtifactList,
     BlobRef,
+    CreateSession,
     ErrorBody,
     EventList,
     Health,
@@ -32,6 +33,7 @@ from gpulayer.contracts import (
     JobList,
     JobSpec,
     JobState,
+    SessionList,
     WaitAny,
     WorkerList,
 )
@@ -157,6 +159,17 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         if getattr(self, "_jupyter_current_user", "unset") is None:
             return None
         return super().check_xsrf_cookie()
+
+    def own_only(self) -> str | None:
+        """The owner a submitter is limited to (None: every owner's)."""
+        p = self.principal
+        return p.name if p is not None and p.role == "submitter" else None
+
+    async def own_sessions(self, specs: list[JobSpec]) -> None:
+        """Refuse a submitter cells in another owner's session, as if it did not exist."""
+        owner = self.own_only()
+        for name in {s.in_session for s in specs if s.in_session and owner is not None}:
+            await self.gl.scheduler.sessions.find(name, owner)
 
     async def visible_job(self, job_id: str) -> None:
         """Refuse a submitter another owner's job, as if it did not exist (404)."""
@@ -327,6 +340,7 @@ class JobsHandler(GpulayerAPIHandler):
         spec = self.parse(JobSpec)
         hold = self.float_arg("wait", 0.0, self.gl.config.long_poll_seconds)
         assert self.principal is not None
+        await self.own_sessions([spec])
         job = await self.gl.scheduler.submit(spec, owner=self.principal.name)
         self.set_header("Location", self.request.path.rstrip("/") + "/" + job.id)
         if hold > 0 and job.state not in TERMINAL_STATES:
@@ -343,6 +357,7 @@ class JobBatchHandler(GpulayerAPIHandler):
         """Submit every spec of a ``JobBatch`` (all or none); 201 with the jobs."""
         batch = self.parse(JobBatch)
         assert self.principal is not None
+        await self.own_sessions(batch.jobs)
         jobs = await self.gl.scheduler.submit_many(batch.jobs, owner=self.principal.name)
         self.reply(JobList(jobs=jobs), 201)
 
@@ -419,6 +434,57 @@ class JobCancelHandler(GpulayerAPIHandler):
         await self.visible_job(job_id)
         assert self.principal is not None
         self.reply(await self.gl.scheduler.cancel(job_id, by=self.principal.name))
+
+
+class JobInterruptHandler(GpulayerAPIHandler):
+    """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (the notebook's stop button)."""
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self, job_id: str) -> None:
+        """Interrupt; a cell not started yet is cancelled, 409 once it ended."""
+        await self.visible_job(job_id)
+        assert self.principal is not None
+        self.reply(await self.gl.scheduler.interrupt(job_id, by=self.principal.name))
+
+
+class SessionsHandler(GpulayerAPIHandler):
+    """``GET sessions`` lists; ``POST sessions`` starts one."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def get(self) -> None:
+        """The sessions that have not ended (a submitter's own)."""
+        sessions = await self.gl.scheduler.list_sessions(self.own_only())
+        self.reply(SessionList(sessions=sessions))
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self) -> None:
+        """Start a ``CreateSession``; 201 with the session, 409 when the name is taken."""
+        req = self.parse(CreateSession)
+        assert self.principal is not None
+        session = await self.gl.scheduler.create_session(req, owner=self.principal.name)
+        self.set_header("Location", self.request.path.rstrip("/") + "/" + quote(session.name))
+        self.reply(session, 201)
+
+
+class SessionHandler(GpulayerAPIHandler):
+    """``GET sessions/{name}``; ``DELETE sessions/{name}`` ends it."""
+
+    @allow_unauthenticated
+    @requires("viewer", "submitter")
+    async def get(self, name: str) -> None:
+        """One session that has not ended."""
+        self.reply(await self.gl.scheduler.get_session(name, self.own_only()))
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def delete(self, name: str) -> None:
+        """End the session: its kernel stops, its slot and GPUs are freed; 204."""
+        assert self.principal is not None
+        await self.gl.scheduler.end_session(name, self.principal.name, self.own_only())
+        self.no_content()
 
 
 class JobEventsHandler(GpulayerAPIHandler):
@@ -547,6 +613,9 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (rf"jobs/{JOB}/result", JobResultHandler),
     (rf"jobs/{JOB}/wait", JobWaitHandler),
     (rf"jobs/{JOB}/cancel", JobCancelHandler),
+    (rf"jobs/{JOB}/interrupt", JobInterruptHandler),
+    (r"sessions", SessionsHandler),
+    (r"sessions/(?P<name>[^/]+)", SessionHandler),
     (rf"jobs/{JOB}/events", JobEventsHandler),
     (rf"jobs/{JOB}/logs", JobLogsHandler),
     (rf"jobs/{JOB}/artifacts", JobArtifactsHandler),

@@ -25,9 +25,15 @@ placed after it, so it cannot starve. Among workers that fit, the one with the
 fewest active tasks wins, then the name, so the same state always gives the same
 placement. :meth:`Scheduler.placement` says per worker why a job waits, and flags a
 job no registered worker could ever run.
+
+Sessions (``jupyter_ext/sessions.py``): a ``session`` job is placed like any job and
+holds its slot and GPUs while its kernel lives; a ``cell`` job in a session is placed
+on the session's worker, with its GPUs, as soon as the session runs, and takes no
+slot. Idle sessions are ended by the sweep.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
@@ -42,6 +48,7 @@ from gpulayer.contracts import (
     Artifact,
     Assignment,
     BlobRef,
+    CreateSession,
     Event,
     Heartbeat,
     HeartbeatReply,
@@ -53,6 +60,7 @@ from gpulayer.contracts import (
     LogPage,
     Placement,
     Registered,
+    Session,
     Task,
     TaskCompletion,
     Telemetry,
@@ -75,6 +83,7 @@ from .placement import (
     usage_by_worker,
     waiting_report,
 )
+from .sessions import Sessions
 from .store import Store, as_datetime, job_model, result_statement, task_model
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import TERMINAL, Statement, check, event, job_to, task_end
@@ -118,6 +127,7 @@ class Scheduler:
         lease_seconds: float = 30.0,
         aging_seconds: float = 300.0,
         telemetry_samples: int = 360,
+        session_idle_seconds: float = 3600.0,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
     ) -> None:
@@ -132,11 +142,14 @@ class Scheduler:
         self._lock = asyncio.Lock()
         # Cancel requests not yet handed to their worker's acquire.
         self._cancels: dict[str, set[str]] = defaultdict(set)
+        # Interrupts (SIGINT a cell's kernel) not yet handed to their worker: once only.
+        self._interrupts: dict[str, set[str]] = defaultdict(set)
         self.aging_seconds = aging_seconds
         # Parsed once: specs never change, registrations change only on register.
         self._specs: dict[str, tuple[JobSpec, str]] = {}
         self.fleet = Fleet(store, telemetry_samples)
         self.instruments = instruments or Instruments()
+        self.sessions = Sessions(self, session_idle_seconds)
 
     # ------------------------------------------------------------ start-up
 
@@ -147,6 +160,7 @@ class Scheduler:
         for row in await self.store.active_tasks():
             if row["cancel_requested"] and row["state"] == "running":
                 self._cancels[row["worker_id"]].add(row["id"])
+        await self.sessions.recover()
 
     # ---------------------------------------------------------------- jobs
 
@@ -163,6 +177,14 @@ class Scheduler:
                         f"{what} {sha} was not uploaded (POST it to /blobs first)",
                         field="bundle" if what == "bundle" else "function.payload_blob",
                     )
+            push = spec.cell.push_blob if spec.cell is not None else None
+            if push is not None and not self.blobs.exists(push):
+                raise ValidationError(
+                    f"pushed variables {push} were not uploaded (POST them to /blobs first)",
+                    field="cell.push_blob",
+                )
+        if any(s.kind in ("cell", "session") for s in specs):
+            await self.sessions.check(specs)
         now = self.clock()
         rows = []
         for spec in specs:
@@ -182,6 +204,8 @@ class Scheduler:
         await self.store.insert_jobs(rows)
         for spec, (job, _) in zip(specs, rows, strict=True):
             self._specs[job["id"]] = (spec, shape(spec.resources))
+            if spec.kind in ("cell", "session"):
+                self.sessions.submitted(job["id"], spec)
         log.info("%d job(s) queued, first %s", len(rows), rows[0][0]["id"])
         try:
             await self.schedule()
@@ -209,7 +233,7 @@ class Scheduler:
         tasks = await self.store.tasks_of_job(job_id)
         names = await self.fleet.names({t["worker_id"] for t in tasks} | {row["worker_id"]})
         job = job_model(row, tasks, names)
-        if with_result and job.spec.kind == "function" and job.state in _TERMINAL:
+        if with_result and job.spec.kind in ("function", "cell") and job.state in _TERMINAL:
             _attach(job, await self.store.result(job_id))
         if job.state == JobState.queued:
             views = await self.fleet.views()
@@ -244,8 +268,10 @@ class Scheduler:
             for r in await self.store.events_of_job(job_id)
         ]
 
-    async def cancel(self, job_id: str, by: str) -> Job:
+    async def cancel(self, job_id: str, by: str, *, reason: str | None = None) -> Job:
         """Cancel a job: at once while queued or not yet picked up, else through its worker.
+
+        ``reason`` replaces the default "cancelled by BY".
 
         Raises
         ------
@@ -257,7 +283,9 @@ class Scheduler:
             state = row["state"]
             if state in _TERMINAL:
                 raise InvalidTransition(f"job {job_id} already {state}; there is nothing to cancel")
-            reason = f"cancelled by {by}"
+            reason = reason or f"cancelled by {by}"
+            if self._spec(row)[0].kind == "session":
+                self.sessions.ending.add(job_id)  # its name is free from now on
             stmts: list[tuple[str, Sequence[Any]]] = []
             wake: str | None = None
             task = await self._current_task(job_id)
@@ -366,6 +394,75 @@ class Scheduler:
             created_at=as_datetime(r["created_at"]),
         )
 
+    # ------------------------------------------------------ cells, sessions
+
+    async def interrupt(self, job_id: str, by: str) -> Job:
+        """Interrupt a cell (SIGINT to its kernel); one not started yet is cancelled.
+
+        Raises
+        ------
+        ValidationError
+            When the job is not a cell.
+        InvalidTransition
+            When it already ended.
+        """
+        row = await self._job_row(job_id)
+        if self._spec(row)[0].kind != "cell":
+            raise ValidationError(f"job {job_id} is not a cell; cancel it instead", field="kind")
+        if row["state"] in _TERMINAL:
+            raise InvalidTransition(f"job {job_id} already {row['state']}; nothing to interrupt")
+        task = await self._current_task(job_id)
+        if row["state"] != "running" or task is None or task["state"] != "running":
+            return await self.cancel(job_id, by, reason=f"interrupted by {by} before it started")
+        await self.store.apply(event(self.clock(), job_id, task["id"], "interrupt_requested",
+                                     f"interrupted by {by}"))  # fmt: skip
+        self._interrupts[task["worker_id"]].add(task["id"])
+        self.notifier.notify(worker_key(task["worker_id"]))
+        log.info("job %s: interrupt requested", job_id)
+        return await self.get_job(job_id)
+
+    async def create_session(self, req: CreateSession, owner: str) -> Session:
+        """Start a session: a ``session`` job placed like any other."""
+        spec = JobSpec(
+            kind="session",
+            name=req.name,
+            session={"name": req.name, "idle_timeout": req.idle_timeout},
+            resources=req.resources,
+            env=req.env,
+            labels=req.labels,
+        )
+        job = await self.submit(spec, owner)
+        return await self.sessions.model(await self._job_row(job.id))
+
+    async def list_sessions(self, owner: str | None = None) -> list[Session]:
+        """Sessions that have not ended (only ``owner``'s when given), oldest first."""
+        rows = (await self.sessions.active()).values()
+        return [await self.sessions.model(r) for r in rows if owner in (None, r["owner"])]
+
+    async def get_session(self, name: str, owner: str | None = None) -> Session:
+        """One running session."""
+        return await self.sessions.model(await self.sessions.find(name, owner))
+
+    async def end_session(self, name: str, by: str, owner: str | None = None) -> None:
+        """End a session: its kernel is shut down, its slot and GPUs freed."""
+        row = await self.sessions.find(name, owner)
+        await self.cancel(row["id"], by, reason=f"ended by {by}")
+
+    async def _is_session(self, job_id: str) -> bool:
+        return self._spec(await self._job_row(job_id))[0].kind == "session"
+
+    async def _kernel_job_ended(self, job_id: str) -> None:
+        """Session bookkeeping once a cell or a session has ended."""
+        row = await self.store.get_job(job_id)
+        if row is None or row["state"] not in _TERMINAL:
+            return
+        spec = self._spec(row)[0]
+        if spec.in_session and job_id in self.sessions.open_cells:
+            self.sessions.count_cell(spec.in_session, await self.sessions.active())
+            self.sessions.cell_ended(job_id)
+        elif spec.kind == "session":
+            self.sessions.session_ended(job_id)
+
     # ------------------------------------------------------------- workers
 
     async def workers(self) -> list[Worker]:
@@ -455,10 +552,11 @@ class Scheduler:
         async def take() -> Acquired | None:
             async with self._lock:
                 cancels = sorted(self._cancels.get(worker_id, ()))
+                interrupts = sorted(self._interrupts.pop(worker_id, ()))
                 rows = [
                     r for r in await self.store.active_tasks(worker_id) if r["state"] == "scheduled"
                 ]
-                if not rows and not cancels:
+                if not rows and not cancels and not interrupts:
                     return None
                 now = self.clock()
                 stmts: list[tuple[str, Sequence[Any]]] = []
@@ -491,9 +589,12 @@ class Scheduler:
                 self._cancels[worker_id].difference_update(cancels)  # only once stored
             for a in out:
                 self._notify_job(a.job_id)
-            return Acquired(assignments=out, cancel=cancels)
+            return Acquired(assignments=out, cancel=cancels, interrupt=interrupts)
 
-        return await self.notifier.wait_for(worker_key(worker_id), take, wait)
+        got = await self.notifier.wait_for(worker_key(worker_id), take, wait)
+        if got is not None and any(a.spec.kind == "session" for a in got.assignments):
+            await self.schedule()  # the session runs now: place the cells that wait for it
+        return got
 
     # --------------------------------------------------------------- tasks
 
@@ -537,6 +638,8 @@ class Scheduler:
                     reason = done.reason
                     if done.state == "cancelled" and task["cancel_requested"]:
                         reason = await self._cancel_reason(task) or reason
+                    elif task["cancel_requested"] and await self._is_session(task["job_id"]):
+                        reason = await self._cancel_reason(task) or reason  # how it was ended
                     stmts = await self._finish(
                         task, done.state, done.exit_code, reason, retry=done.retry
                     )
@@ -544,6 +647,7 @@ class Scheduler:
                         stmts.append(await self._result_statement(task, done))
                     await self.store.apply(stmts)
             log.info("task %s %s", task_id, done.state)
+            await self._kernel_job_ended(task["job_id"])
             if done.state == "lost" and task["worker_id"]:
                 # The worker gave the task up because it is going away: place nothing
                 # more there (its next heartbeat, if any, brings it back).
@@ -581,25 +685,24 @@ class Scheduler:
         pass are not tried again for later jobs (usage only grows within a pass),
         and the pass stops as soon as no worker has a free slot.
         """
-        placed: list[tuple[str, str]] = []
         if not await self.store.any_queued():  # the usual case after a completion
             return 0
         async with self._lock:
+            now = self.clock()
+            # Cells of running sessions first: they need no slot and no GPU of their own.
+            stmts, placed = await self.sessions.place_cells(now)
             workers = [w for w in await self.fleet.views() if w.state == "ready"]
-            if not workers:
-                return 0
             usage = await self._usage()
             free_slots = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
-            if free_slots <= 0:
-                return 0
-            stmts: list[tuple[str, Sequence[Any]]] = []
-            now = self.clock()
             failed_shapes: set[str] = set()
             reserved: set[str] = set()  # workers held for a job that waited too long
-            async for job in self.store.queued_jobs():
+            queue = self.store.queued_jobs() if free_slots > 0 else _no_jobs()
+            async for job in queue:
                 if free_slots <= 0:
                     break
                 spec, key = self._spec(job)
+                if spec.in_session:
+                    continue  # placed above, once its session runs
                 res = spec.resources
                 aged = now - job["created_at"] > self.aging_seconds
                 if key in failed_shapes:
@@ -629,7 +732,8 @@ class Scheduler:
             if stmts:
                 await self.store.apply(stmts)
         for job_id, worker_id in placed:
-            self.notifier.notify(worker_key(worker_id))
+            if worker_id:
+                self.notifier.notify(worker_key(worker_id))
             self._notify_job(job_id)
         return len(placed)
 
@@ -675,7 +779,9 @@ class Scheduler:
         return cached
 
     async def _usage(self) -> dict[str, Usage]:
-        return defaultdict(Usage, usage_by_worker(await self.store.active_tasks()))
+        cells = self.sessions.open_cells  # they run in their session's slot and GPUs
+        active = [t for t in await self.store.active_tasks() if t["job_id"] not in cells]
+        return defaultdict(Usage, usage_by_worker(active))
 
     # -------------------------------------------------------------- leases
 
@@ -709,6 +815,11 @@ class Scheduler:
                 changed = True
         for job_id in ended:
             self._notify_job(job_id)
+            await self._kernel_job_ended(job_id)
+        for job_id, reason in await self.sessions.idle(now):
+            log.info("session job %s: %s", job_id, reason)
+            with contextlib.suppress(InvalidTransition):
+                await self.cancel(job_id, by="gpulayer", reason=reason)
         if changed:
             await self.schedule()
 
@@ -840,6 +951,12 @@ class Scheduler:
 
     async def _worker_names(self) -> dict[str, str]:
         return {w.id: w.name for w in await self.fleet.views()}
+
+
+async def _no_jobs() -> Any:
+    """An empty queue (no worker has a free slot)."""
+    for _ in ():
+        yield
 
 
 def _payload_blob(spec: JobSpec) -> str | None:

@@ -577,6 +577,24 @@ class Store:
         )
         return row is not None
 
+    async def active_kernel_jobs(self) -> list[sqlite3.Row]:
+        """Sessions and cells in a session that have not ended, oldest first."""
+        return await self._all(
+            "SELECT * FROM jobs WHERE state IN ('queued', 'scheduled', 'running')"
+            " AND (json_extract(spec, '$.kind') = 'session'"
+            " OR json_extract(spec, '$.cell.session') IS NOT NULL) ORDER BY seq"
+        )
+
+    async def worker_has_push(self, worker_id: str, sha256: str) -> bool:
+        """Whether a cell placed on the worker (and not ended) pushes this blob."""
+        row = await self._one(
+            "SELECT 1 FROM tasks JOIN jobs ON jobs.id = tasks.job_id"
+            " WHERE tasks.worker_id = ? AND tasks.state IN ('scheduled', 'running')"
+            " AND json_extract(jobs.spec, '$.cell.push_blob') = ? LIMIT 1",
+            (worker_id, sha256),
+        )
+        return row is not None
+
     async def revoke_worker_tokens(self, worker_id: str, ts: float) -> None:
         """Revoke every earlier token of a worker (it got a new one)."""
         await self._write(

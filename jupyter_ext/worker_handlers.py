@@ -155,7 +155,11 @@ class BlobHandler(WorkerRouteHandler):
         p = self.principal
         if p is not None and p.role == "worker":
             assert p.worker_id is not None
-            if not await self.gl.store.worker_has_bundle(p.worker_id, sha256):
+            store = self.gl.store
+            if not (
+                await store.worker_has_bundle(p.worker_id, sha256)
+                or await store.worker_has_push(p.worker_id, sha256)
+            ):
                 raise Forbidden("a worker token may only read the bundles of its own tasks")
         if not blobs.exists(sha256):
             raise NotFound(f"no blob {sha256!r}")

@@ -51,6 +51,7 @@ from gpulayer.errors import (
 )
 from gpulayer.worker import devices
 from gpulayer.worker.functions import FunctionRun, RunnerPool
+from gpulayer.worker.kernels import CellRun, KernelHost, SessionRun
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import (
     CommandRun,
@@ -70,6 +71,7 @@ _ACQUIRE_WAIT_SECONDS = 30
 _SHUTDOWN_DELIVERY_SECONDS = 5.0
 _ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before giving up
 _CHUNK_BYTES = 1024 * 1024
+_CELL_BATCH_SECONDS = 0.002
 
 Content = bytes | Callable[[], AsyncIterator[bytes]]
 T = TypeVar("T")
@@ -110,7 +112,7 @@ class _Task:
     logs: LogShipper
     shipper: "asyncio.Task[None] | None" = None
     pipeline: "asyncio.Task[None] | None" = None
-    run: CommandRun | FunctionRun | None = None
+    run: CommandRun | FunctionRun | CellRun | SessionRun | None = None
     dir: TaskDir | None = None
     cancel_reason: str | None = None
     abandoned: bool = False
@@ -126,6 +128,11 @@ class _Task:
             self.cancel_reason = reason
         if self.run is not None:
             self.run.cancel(self.cancel_reason)
+
+    def interrupt(self) -> None:
+        """SIGINT a cell's kernel (other tasks have nothing to interrupt)."""
+        if isinstance(self.run, CellRun):
+            self.run.interrupt()
 
     def abandon(self, why: str) -> None:
         """Stop the process and report nothing more about this task."""
@@ -165,6 +172,7 @@ class Agent:
             max_calls=config.runner_max_calls,
             prestart=config.warm_runners,
         )
+        self._kernels = KernelHost()
         self._registration()  # fail fast on a bad name, slots or labels
 
     # ------------------------------------------------------------ life cycle
@@ -182,6 +190,7 @@ class Agent:
         tasks = list(self._tasks.values())
         if not tasks:
             await self._runners.close()
+            await self._kernels.close()
             return
         log.info("worker %s stopping %d running task(s)", self.name, len(tasks))
         for task in tasks:
@@ -194,6 +203,7 @@ class Agent:
             pipeline.cancel()  # CommandRun SIGKILLs whatever is left
         await asyncio.gather(*late, return_exceptions=True)
         await self._runners.close()
+        await self._kernels.close()
 
     # ---------------------------------------------------------- registration
 
@@ -307,6 +317,9 @@ class Agent:
 
     def _dispatch(self, acquired: c.Acquired) -> None:
         self._cancel(acquired.cancel)
+        for task_id in acquired.interrupt:
+            if task := self._tasks.get(task_id):
+                task.interrupt()
         for assignment in acquired.assignments:
             if assignment.task_id not in self._tasks:  # a re-sent assignment runs once
                 self._start(assignment)
@@ -331,9 +344,14 @@ class Agent:
     def _start(self, assignment: c.Assignment) -> None:
         task_id = assignment.task_id
         send = functools.partial(self._send_logs, task_id)
-        logs = LogShipper(task_id, send, batch_seconds=self.config.log_batch_seconds)
+        batch = self.config.log_batch_seconds
+        if assignment.spec.kind == c.JobKind.cell:  # a cell's output is watched live
+            batch = min(batch, _CELL_BATCH_SECONDS)
+        logs = LogShipper(task_id, send, batch_seconds=batch)
         task = _Task(assignment, logs)
         self._tasks[task_id] = task
+        if assignment.spec.session is not None:
+            self._kernels.expect(assignment.spec.session.name)
         task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
         task.pipeline = asyncio.create_task(self._pipeline(task), name=f"task-{task_id}")
 
@@ -372,10 +390,14 @@ class Agent:
 
     async def _execute(self, task: _Task) -> Outcome:
         a = task.assignment
+        if a.spec.in_session:  # runs in its session's kernel, slot and GPUs
+            return await self._run_kernel_task(task)
         async with self._slots:
             if task.cancel_reason is not None:
                 return Outcome("cancelled", None, task.cancel_reason)
             fn = a.spec.function
+            if a.spec.kind in (c.JobKind.cell, c.JobKind.session):
+                return await self._run_kernel_task(task)
             log.log(
                 logging.DEBUG if fn else logging.INFO,
                 "task %s (job %s, attempt %d) started",
@@ -424,6 +446,41 @@ class Agent:
             if task.cancel_reason is not None:
                 task.run.cancel(task.cancel_reason)
             return await task.run.run()
+
+    async def _run_kernel_task(self, task: _Task) -> Outcome:
+        """A cell or session task, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
+        a = task.assignment
+        log.debug("task %s (job %s, %s) started", a.task_id, a.job_id, a.spec.kind)
+        cell = a.spec.cell
+        if cell is not None and cell.session and not (cell.push or cell.push_blob or cell.pull):
+            # A plain cell in a session touches no files: skip its folder (latency).
+            task.run = CellRun(self._kernels, a, env={}, cwd=Path(), scratch=Path(),
+                               on_line=task.logs.add)  # fmt: skip
+            if task.cancel_reason is not None:
+                task.run.cancel(task.cancel_reason)
+            return await task.run.run()
+        task.dir = await asyncio.to_thread(TaskDir.create, self.data_dir / "tasks", a.task_id)
+        env = task_env(a, task.dir.artifacts)
+        if a.spec.session is not None:
+            task.run = SessionRun(
+                self._kernels, a, env=env, cwd=task.dir.work, on_line=task.logs.add
+            )
+        else:
+            assert cell is not None
+            try:
+                push = cell.push
+                if cell.push_blob is not None:
+                    push = await self._blob(cell.push_blob)
+            except GpulayerError as e:
+                task.logs.add(c.LogStream.system, str(e), _now())
+                return Outcome("failed", None, str(e))
+            task.run = CellRun(
+                self._kernels, a, env=env, cwd=task.dir.work, scratch=task.dir.root,
+                on_line=task.logs.add, push=push,
+            )  # fmt: skip
+        if task.cancel_reason is not None:
+            task.run.cancel(task.cancel_reason)
+        return await task.run.run()
 
     async def _deliver(self, task: _Task, outcome: Outcome) -> None:
         """Flush logs, upload artifacts, complete: in this order, so that a client

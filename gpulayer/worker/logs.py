@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_LINES = 1000
 MAX_LINE_CHARS = 65536  # LogEntry.text limit; longer lines travel in pieces
+MAX_BATCH_CHARS = 2 * 1024 * 1024  # well below the control plane's request body limit
 
 
 class LogShipper:
@@ -89,6 +90,12 @@ class LogShipper:
 
     async def _ship_one(self) -> None:
         batch = self._unacked[:MAX_BATCH_LINES]
+        size = 0
+        for n, entry in enumerate(batch):  # a cell's images make long lines: cap the bytes too
+            size += len(entry.text)
+            if size > MAX_BATCH_CHARS and n > 0:
+                batch = batch[:n]
+                break
         ack = await self._send(c.LogBatch(seq=self._first_seq, lines=batch))
         if ack is None:
             self.stop()

@@ -18,6 +18,15 @@ export interface IArtifactList {
   artifacts: IArtifact[];
 }
 
+/** The code of a ``cell`` job, run in a headless Jupyter kernel on the worker. ``session`` names a running session (its kernel, worker and GPUs); without it the cell gets a fresh kernel with the job's own resources. ``push`` is a ``values`` payload (:mod:`gpulayer.variables`) set in the kernel before the cell runs, inline or uploaded (``push_blob``); ``pull`` names the variables sent back as the job's result. */
+export interface ICellSpec {
+  source: string;
+  session: string | null;
+  push: string | null;
+  push_blob: string | null;
+  pull: string[];
+}
+
 /** One accelerator of a worker. */
 export interface IDevice {
   index: number;
@@ -118,8 +127,8 @@ export interface IJob {
 }
 
 /** What a job runs. */
-export type JobKind = 'command' | 'function';
-export const JOB_KINDS: readonly JobKind[] = ['command', 'function'];
+export type JobKind = 'command' | 'function' | 'cell' | 'session';
+export const JOB_KINDS: readonly JobKind[] = ['command', 'function', 'cell', 'session'];
 
 /** A page of jobs, newest first. */
 export interface IJobList {
@@ -127,7 +136,7 @@ export interface IJobList {
   jobs: IJob[];
 }
 
-/** What a user submits. A ``command`` job gives exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives ``function`` and runs in one of the worker's warm Python runners. */
+/** What a user submits. A ``command`` job gives exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives ``function`` and runs in one of the worker's warm Python runners; a ``cell`` job gives ``cell`` and a ``session`` job ``session`` (both run in headless Jupyter kernels; a cell in a session ignores ``resources``). */
 export interface IJobSpec {
   api_version: 'gpulayer.dev/v1alpha1';
   kind: JobKind;
@@ -138,6 +147,8 @@ export interface IJobSpec {
   /** sha256 of a tar.gz uploaded to /blobs, unpacked as the task's cwd */
   bundle: string | null;
   function: IFunctionCall | null;
+  cell: ICellSpec | null;
+  session: ISessionSpec | null;
   resources: IResources;
   /** seconds, or a string like '10m' */
   timeout: number | null;
@@ -169,8 +180,8 @@ export interface ILogPage {
 }
 
 /** Where a log line came from; ``system`` lines are written by gpulayer itself. */
-export type LogStream = 'stdout' | 'stderr' | 'system';
-export const LOG_STREAMS: readonly LogStream[] = ['stdout', 'stderr', 'system'];
+export type LogStream = 'stdout' | 'stderr' | 'system' | 'iopub';
+export const LOG_STREAMS: readonly LogStream[] = ['stdout', 'stderr', 'system', 'iopub'];
 
 /** Why a job runs where it does, or why it waits (``GET jobs/{id}/placement``). */
 export interface IPlacement {
@@ -204,6 +215,13 @@ export interface IResources {
   selector: { [key: string]: string };
   /** run only on the worker with this name */
   worker: string | null;
+}
+
+/** A ``session`` job: a persistent kernel that holds its worker slot and GPUs until it is ended or has been idle (no cell) for ``idle_timeout`` seconds. */
+export interface ISessionSpec {
+  name: string;
+  /** seconds or '30m'; default: the control plane's session_idle_seconds */
+  idle_timeout: number | null;
 }
 
 /** One attempt of a job placed on one worker. */

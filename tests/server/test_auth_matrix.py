@@ -52,6 +52,7 @@ class Ctx:
     job_id: str = ""
     task_id: str = ""
     bundle: str = ""
+    session: str = ""
 
     async def admin(self, *parts, **kw):
         status, body = await self.api(*parts, **kw)
@@ -128,6 +129,20 @@ async def _job_with_result(ctx: Ctx) -> dict[str, Any]:
     return {"job_id": job["id"]}
 
 
+async def _queued_cell(ctx: Ctx) -> dict[str, Any]:
+    spec = {"kind": "cell", "cell": {"source": "1"}, "resources": {"gpus": 8}}
+    _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=spec)
+    return {"job_id": job["id"]}
+
+
+async def _session(ctx: Ctx) -> dict[str, Any]:
+    name = fresh_name("s")
+    body = {"name": name, "resources": {"gpus": 8}}  # queued: no worker holds it
+    status, got = await ctx.as_("submitter", "sessions", method="POST", json_body=body)
+    assert status == 201, got
+    return {"session": name}
+
+
 async def _token(ctx: Ctx) -> dict[str, Any]:
     name = fresh_name("victim")
     await ctx.admin("tokens", method="POST", json_body={"name": name, "role": "viewer"})
@@ -179,6 +194,20 @@ MATRIX: dict[type, dict[str, Case]] = {
     H.JobCancelHandler: {
         "post": Case(lambda c, f: ("jobs", f["job_id"], "cancel"),
                      {"admin": 200, "submitter": 200}, fresh=_queued_job),
+    },
+    H.JobInterruptHandler: {
+        "post": Case(lambda c, f: ("jobs", f["job_id"], "interrupt"),
+                     {"admin": 200, "submitter": 200}, fresh=_queued_cell),
+    },
+    H.SessionsHandler: {
+        "get": Case(lambda c, f: ("sessions",), _read()),
+        "post": Case(lambda c, f: ("sessions",), {"admin": 201, "submitter": 201},
+                     body=lambda c, f: {"name": f["name"], "resources": {"gpus": 8}}, fresh=_name),
+    },
+    H.SessionHandler: {
+        "get": Case(lambda c, f: ("sessions", c.session), _read()),
+        "delete": Case(lambda c, f: ("sessions", f["session"]), {"admin": 204, "submitter": 204},
+                       fresh=_session),
     },
     H.JobEventsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "events"), _read())},
     H.JobLogsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "logs"), _read())},
@@ -318,6 +347,7 @@ async def _setup(gl_api, admin_token: str) -> Ctx:
         "worker", "workers", ctx.worker_id, "acquire", method="POST", params={"wait": "0"}
     )
     ctx.task_id = got["assignments"][0]["task_id"]
+    ctx.session = (await _session(ctx))["session"]
     status, _ = await ctx.as_(
         "worker", "tasks", ctx.task_id, "artifacts", "out.txt", method="PUT", body=b"result"
     )

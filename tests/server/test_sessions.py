@@ -1,0 +1,115 @@
+"""Sessions and cells through the real handlers, scheduler and store, with the test
+playing the worker: placement on the session's worker and GPUs without a slot,
+unique names, ending, idle expiry and interrupts."""
+
+import copy
+
+import pytest
+
+SIM_GPU = {"index": 0, "kind": "cuda", "name": "A100", "memory_bytes": 80 << 30}
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config):
+    cfg = copy.deepcopy(jp_server_config)
+    cfg["GpulayerApp"].update({"session_idle_seconds": 600.0, "lease_seconds": 60.0,
+                               "heartbeat_seconds": 20.0})  # fmt: skip
+    return cfg
+
+
+async def worker(gl_api, name="w1", slots=1):
+    reg = {"name": name, "hostname": "h", "cpus": 4, "memory_bytes": 1 << 34, "version": "t",
+           "slots": slots, "devices": [SIM_GPU, {**SIM_GPU, "index": 1}]}  # fmt: skip
+    status, got = await gl_api("workers", "register", method="POST", json_body=reg, token="join")
+    assert status == 200, got
+    return got["worker_id"], got["token"]
+
+
+async def acquire(gl_api, wid, token):
+    status, got = await gl_api("workers", wid, "acquire", method="POST", params={"wait": "0"},
+                               token=token)  # fmt: skip
+    return got if status == 200 else {"assignments": [], "cancel": [], "interrupt": []}
+
+
+def cell(source, session=None, **kw):
+    return {"kind": "cell", "cell": {"source": source, "session": session}, **kw}
+
+
+async def test_cells_run_on_the_session_worker_with_its_gpus_and_no_slot(gl_api):
+    wid, tok = await worker(gl_api, slots=1)
+    status, s = await gl_api("sessions", method="POST",
+                             json_body={"name": "train", "resources": {"gpus": 1}})  # fmt: skip
+    assert status == 201 and s["state"] == "scheduled" and s["idle_timeout"] == 600
+    status, dup = await gl_api("sessions", method="POST", json_body={"name": "train"})
+    assert status == 409 and "already running" in dup["message"]
+    status, early = await gl_api("jobs", method="POST", json_body=cell("x = 1", "train"))
+    assert status == 201 and early["state"] == "queued"  # waits for the kernel's task to run
+
+    got = await acquire(gl_api, wid, tok)
+    (a,) = got["assignments"]  # the session; the worker's only slot is now taken
+    assert a["spec"]["kind"] == "session" and a["gpu_indices"] == [0]
+    got = await acquire(gl_api, wid, tok)
+    (c,) = got["assignments"]  # the cell, placed as soon as the session ran
+    assert c["job_id"] == early["id"] and c["gpu_indices"] == [0]
+
+    # A fresh cell (no session) needs a slot of its own: it waits, and says why.
+    _, fresh = await gl_api("jobs", method="POST", json_body=cell("1"))
+    _, fresh = await gl_api("jobs", fresh["id"])
+    assert fresh["state"] == "queued" and fresh["pending_reasons"]
+
+    _, listed = await gl_api("sessions")
+    (one,) = listed["sessions"]
+    assert (one["name"], one["state"], one["worker_name"], one["gpu_indices"]) == (
+        "train",
+        "running",
+        "w1",
+        [0],
+    )
+
+    status, none = await gl_api("jobs", method="POST", json_body=cell("1", "nope"))
+    assert status == 404 and none["field"] == "cell.session"
+    status, bad = await gl_api("jobs", method="POST", json_body=cell("1", "train", retries=1))
+    assert status == 400 and "retries=0" in bad["message"]
+
+    # Interrupt reaches the worker once, in its acquire answer.
+    status, _ = await gl_api("jobs", early["id"], "interrupt", method="POST")
+    assert status == 200
+    got = await acquire(gl_api, wid, tok)
+    assert got["interrupt"] == [c["task_id"]]
+    assert (await acquire(gl_api, wid, tok))["interrupt"] == []
+    done = {"state": "cancelled", "reason": "interrupted"}
+    status, _ = await gl_api("tasks", c["task_id"], "complete", method="POST", json_body=done,
+                             token=tok)  # fmt: skip
+    assert status == 200
+    status, _ = await gl_api("jobs", early["id"], "interrupt", method="POST")
+    assert status == 409
+
+    # Ending it: the worker is told, the name is free at once, new cells are refused.
+    status, _ = await gl_api("sessions", "train", method="DELETE")
+    assert status == 204
+    assert (await acquire(gl_api, wid, tok))["cancel"] == [a["task_id"]]
+    _, gone = await gl_api("sessions")
+    assert gone["sessions"] == []
+    await gl_api("tasks", a["task_id"], "complete", method="POST", token=tok,
+                 json_body={"state": "succeeded", "reason": "session ended"})  # fmt: skip
+    _, job = await gl_api("jobs", a["job_id"])
+    assert job["state"] == "succeeded" and job["reason"] == "ended by admin"
+    status, _ = await gl_api("jobs", method="POST", json_body=cell("2", "train"))
+    assert status == 404
+
+
+async def test_idle_sessions_end(gl_api, jp_serverapp):
+    wid, tok = await worker(gl_api, slots=2)
+    body = {"name": "brief", "idle_timeout": "1s"}
+    status, s = await gl_api("sessions", method="POST", json_body=body)
+    assert status == 201 and s["idle_timeout"] == 1.0
+    (a,) = (await acquire(gl_api, wid, tok))["assignments"]
+    for _ in range(200):  # the sweep runs every 0.2 s; by deadline, not a sleep
+        got = await acquire(gl_api, wid, tok)
+        if got["cancel"]:
+            break
+        await gl_api("workers", wid, "heartbeat", method="POST", token=tok,
+                     json_body={"running_tasks": [a["task_id"]]})  # fmt: skip
+    assert got["cancel"] == [a["task_id"]]
+    _, events = await gl_api("jobs", a["job_id"], "events")
+    assert any("without a cell" in (e["reason"] or "") for e in events["events"])
