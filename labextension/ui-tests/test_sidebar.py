@@ -9,11 +9,17 @@ from gpulayer.client import Connection
 
 TIMEOUT_MS = 30_000
 
+# Steps 0-3, then wait (at most 60 s) until the test has seen the job running
+# and creates the gate file, then steps 4-7: no race with a slow machine.
 STEPS = """
-import time
+import os, sys, time
 for i in range(8):
+    if i == 4:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
     print(f"step {i}", flush=True)
-    time.sleep(0.4)
+    time.sleep(0.1)
 """
 
 
@@ -49,11 +55,12 @@ def test_the_panel_lists_the_worker_with_its_gpus(gl_sidebar):
     gl_sidebar.screenshot("workers")
 
 
-def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar):
+def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar, tmp_path):
+    gate = tmp_path / "gate"
     job = submit(
         gl_sidebar.cluster,
         name="steps",
-        command=["python", "-c", STEPS],
+        command=["python", "-c", STEPS, str(gate)],
         resources={"gpus": 1},
     )
     row = gl_sidebar.job_row(job.id)
@@ -68,6 +75,7 @@ def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar):
     # the chart of the task's readings (CPU, memory) is drawn while it runs
     expect(view.locator(".gpulayer-chart canvas")).to_have_count(1, timeout=TIMEOUT_MS)
     gl_sidebar.screenshot("job-running")
+    gate.touch()
     expect(lines.filter(has_text="step 7")).to_have_count(1, timeout=TIMEOUT_MS)
     expect(view.locator(".gpulayer-state").first).to_have_text("succeeded", timeout=TIMEOUT_MS)
     expect(view.locator(".gpulayer-logs-status")).to_have_attribute(
