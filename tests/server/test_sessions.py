@@ -2,7 +2,9 @@
 playing the worker: placement on the session's worker and GPUs without a slot,
 unique names, ending, idle expiry and interrupts."""
 
+import asyncio
 import copy
+import time
 
 import pytest
 
@@ -104,12 +106,14 @@ async def test_idle_sessions_end(gl_api, jp_serverapp):
     status, s = await gl_api("sessions", method="POST", json_body=body)
     assert status == 201 and s["idle_timeout"] == 1.0
     (a,) = (await acquire(gl_api, wid, tok))["assignments"]
-    for _ in range(200):  # the sweep runs every 0.2 s; by deadline, not a sleep
+    deadline = time.monotonic() + 30  # the sweep runs every 0.2 s; poll to a deadline
+    while time.monotonic() < deadline:
         got = await acquire(gl_api, wid, tok)
         if got["cancel"]:
             break
         await gl_api("workers", wid, "heartbeat", method="POST", token=tok,
                      json_body={"running_tasks": [a["task_id"]]})  # fmt: skip
+        await asyncio.sleep(0.05)
     assert got["cancel"] == [a["task_id"]]
     _, events = await gl_api("jobs", a["job_id"], "events")
     assert any("without a cell" in (e["reason"] or "") for e in events["events"])
