@@ -178,9 +178,13 @@ def _run_rank(rank: int, payload: bytes, env: dict[str, str], threads: int, tmp:
 
 
 def _launch_error(e: ProcessException, tmp: Path, nprocs: int) -> LaunchError:
-    """The failing rank's own traceback when it left one, else torch's report."""
-    failed = [r for r in range(nprocs) if (tmp / _ERROR_FILE.format(rank=r)).exists()]
-    rank = e.error_index if e.error_index in failed or not failed else failed[0]
+    """The failing rank's own traceback when it left one, else torch's report.
+
+    The rank that failed first is the cause: the others usually fail after it, in
+    a collective whose peer went away, and may be reported to us first."""
+    files = {r: tmp / _ERROR_FILE.format(rank=r) for r in range(nprocs)}
+    failed = sorted((p.stat().st_mtime_ns, r) for r, p in files.items() if p.exists())
+    rank = failed[0][1] if failed else e.error_index
     path = tmp / _ERROR_FILE.format(rank=rank)
     remote = path.read_text() if path.exists() else str(e)
     last = remote.strip().splitlines()[-1] if remote.strip() else type(e).__name__
