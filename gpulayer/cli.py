@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="sha256:...", help="pin the server's TLS certificate")  # fmt: skip
     join.add_argument("--name", help="worker name (default: the hostname)")
     join.add_argument("--slots", type=int, default=4, help="tasks run at once")
+    join.add_argument("--address", metavar="HOST",
+                      help="where other workers reach this one for distributed jobs"
+                           " (default: the IP used to reach the control plane)")  # fmt: skip
     join.add_argument("--data-dir", type=Path, default=None)
     join.add_argument("--label", type=_key_value, action="append", default=[], metavar="K=V")
     join.add_argument("--warm-runners", type=int, default=1, metavar="N",
@@ -141,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--env", type=_key_value, action="append", default=[], metavar="K=V")
     s.add_argument("--label", type=_key_value, action="append", default=[], metavar="K=V")
     s.add_argument("--shell", metavar="'CMD | CMD'", help="run a string with /bin/sh -c")
+    s.add_argument("--nodes", type=int, default=1,
+                   help="distributed: nodes (one task per worker) started by torchrun")  # fmt: skip
+    s.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="distributed: processes per node")  # fmt: skip
+    s.add_argument("--launcher", choices=["torchrun", "direct"], default="torchrun",
+                   help="distributed: torchrun, or gpulayer starting the ranks itself")  # fmt: skip
     s.add_argument("-f", "--follow", action="store_true", help="stream output, exit like it")
     s.add_argument("command", nargs="*", metavar="CMD", help="argv, after `--`")
     s.set_defaults(func=_cmd_submit)
@@ -167,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
     logs.set_defaults(func=_cmd_logs)
 
     sub.add_parser("workers", parents=[conn], help="list workers").set_defaults(func=_cmd_workers)
@@ -331,6 +341,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
+        address=args.address,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
@@ -364,6 +375,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         worker=args.worker, profile=args.profile,
         retries=args.retries, name=args.name, env=dict(args.env), workdir=args.workdir,
         labels=dict(args.label), priority=args.priority, connection=conn,
+        nodes=args.nodes, nproc_per_node=args.nproc_per_node, launcher=args.launcher,
     )  # fmt: skip
     if not args.follow:
         print(job.id, flush=True)
@@ -372,15 +384,28 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return _follow(conn, job.id)
 
 
-def _follow(conn: client.Connection, job_id: str) -> int:
+def _print_line(line: contracts.LogLine, rank: int | None, decoder: cells.MessageDecoder) -> None:
+    """Print one log line (``[rank] text`` for a gang's), unless another rank's.
+
+    A cell's relayed messages print as their plain text.
+    """
+    if rank is not None and line.rank != rank:
+        return
+    text = cells.log_text(line, decoder)
+    if text is None:
+        return
+    if line.rank is not None and rank is None:
+        text = f"[{line.rank}] {text}"
+    out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
+    print(text, file=out, flush=True)
+
+
+def _follow(conn: client.Connection, job_id: str, rank: int | None = None) -> int:
     """Stream a job's output until it ends; returns the exit code to mirror."""
     decoder = cells.MessageDecoder()
     try:
         for line in conn.follow_logs(job_id):
-            out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
-            text = cells.log_text(line, decoder)  # a cell's relayed messages, as text
-            if text is not None:
-                print(text, file=out, flush=True)
+            _print_line(line, rank, decoder)
         job = conn.wait(job_id)
     except KeyboardInterrupt:
         _note(f"stopped following; job {job_id} keeps running (gpulayer cancel {job_id})")
@@ -456,17 +481,14 @@ def _cmd_job(args: argparse.Namespace) -> int:
 def _cmd_logs(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         if args.follow:
-            _follow(conn, args.job_id)
+            _follow(conn, args.job_id, args.rank)
             return 0
         offset = 0
         decoder = cells.MessageDecoder()
         while True:
             page = conn.logs(args.job_id, offset)
             for line in page.lines:
-                out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
-                text = cells.log_text(line, decoder)  # a cell's relayed messages, as text
-                if text is not None:
-                    print(text, file=out)
+                _print_line(line, args.rank, decoder)
             if not page.lines or page.next_offset <= offset:
                 return 0
             offset = page.next_offset

@@ -322,6 +322,19 @@ class Connection:
             return contracts.LogPage(lines=[], next_offset=offset, complete=False)
         return self._parse(resp, contracts.LogPage)
 
+    def metrics(
+        self, job_id: str, after: int = 0, wait: float = 0, limit: int | None = None
+    ) -> contracts.MetricPage:
+        """``GET jobs/{id}/metrics``: training metric points after ``after``; with
+        ``wait`` a long poll for the next ones."""
+        params: dict[str, str | int | float] = {"after": after}
+        if wait:
+            params["wait"] = wait
+        if limit is not None:
+            params["limit"] = limit
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/metrics", params=params)
+        return self._parse(resp, contracts.MetricPage)
+
     def follow_logs(self, job_id: str, offset: int = 0) -> Iterator[contracts.LogLine]:
         """Yield the job's log lines from ``offset`` as they arrive, each once.
 
@@ -506,9 +519,13 @@ def submit(
     workdir: str | os.PathLike[str] | None = None,
     labels: Mapping[str, str] | None = None,
     priority: int = 0,
+    nodes: int = 1,
+    nproc_per_node: int = 1,
+    launcher: str = "torchrun",
     connection: Connection | None = None,
 ) -> Job:
-    """Submit a command to run on a worker.
+    """Submit a command to run on a worker (or, with ``nodes``/``nproc_per_node``,
+    a distributed job: one task per node, started together by torchrun).
 
     Parameters
     ----------
@@ -535,6 +552,11 @@ def submit(
         Extra environment variables for the process.
     workdir
         A local directory packed, uploaded and unpacked as the task's cwd.
+    nodes, nproc_per_node, launcher
+        A distributed job: ``nodes`` tasks on distinct workers (the resources are
+        per node), placed all at once, each running ``nproc_per_node`` processes
+        with a static rendezvous on node 0; ``launcher`` ``"torchrun"`` or
+        ``"direct"`` (gpulayer starts the ranks itself). See docs/distributed.md.
     connection
         Defaults to :func:`current_connection`.
 
@@ -556,8 +578,15 @@ def submit(
         {"shell": command} if isinstance(command, str) else {"command": list(command)}
     )
     try:
+        distributed = nodes > 1 or nproc_per_node > 1 or launcher != "torchrun"
         spec = contracts.JobSpec(
             **program,
+            **(
+                {"kind": "distributed", "nodes": nodes, "nproc_per_node": nproc_per_node}
+                | {"launcher": launcher}
+                if distributed
+                else {}
+            ),
             name=name,
             env=dict(env or {}),
             resources=_resources(

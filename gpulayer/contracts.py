@@ -40,6 +40,8 @@ route                                      verb    body -> answer
 ``tasks/{id}/artifacts/{name}``            PUT     bytes -> 201 :class:`Artifact`
 ``tasks/{id}/result``                      PUT     bytes -> 201 :class:`BlobRef`
 ``tasks/{id}/complete``                    POST    :class:`TaskCompletion` -> :class:`Task`
+``tasks/{id}/metrics``                     POST    :class:`MetricBatch` -> :class:`MetricAck`
+``jobs/{id}/metrics?after=&limit=&wait=S`` GET     -> :class:`MetricPage`
 ``blobs/{sha256}``                         GET     -> bytes
 ``tokens``                                 GET     -> :class:`TokenList` (admin)
 ``tokens``                                 POST    :class:`CreateToken` -> 201 :class:`CreatedToken`
@@ -159,6 +161,7 @@ class JobKind(enum.StrEnum):
     function = "function"
     cell = "cell"
     session = "session"
+    distributed = "distributed"
 
 
 class LogStream(enum.StrEnum):
@@ -346,6 +349,9 @@ class SessionSpec(_Request):
         return None if v is None else parse_duration(v)  # type: ignore[arg-type]
 
 
+Launcher = Literal["torchrun", "direct"]
+
+
 class JobSpec(_Request):
     """What a user submits.
 
@@ -375,6 +381,18 @@ class JobSpec(_Request):
     retries: int = Field(0, ge=0, le=20, description="extra attempts after a failure or loss")
     priority: int = Field(0, ge=-1000, le=1000)
     labels: dict[LabelKey, Annotated[str, StringConstraints(max_length=256)]] = {}
+    nodes: int = Field(
+        1, ge=1, le=256, description="distributed: tasks placed together, one per worker"
+    )
+    nproc_per_node: int = Field(1, ge=1, le=64, description="distributed: processes per node")
+    launcher: Launcher = Field(
+        "torchrun", description="distributed: 'torchrun', or 'direct' (gpulayer starts the ranks)"
+    )
+
+    @property
+    def world_size(self) -> int:
+        """Processes of a distributed job in all (1 for other kinds)."""
+        return self.nodes * self.nproc_per_node
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -383,6 +401,8 @@ class JobSpec(_Request):
 
     @model_validator(mode="after")
     def _one_program(self) -> "JobSpec":
+        if self.kind != JobKind.distributed and (self.nodes > 1 or self.nproc_per_node > 1):
+            raise ValueError("'nodes' and 'nproc_per_node' need kind 'distributed'")
         if self.kind in (JobKind.cell, JobKind.session):
             return self._kernel_program()
         if self.cell is not None or self.session is not None:
@@ -450,6 +470,7 @@ class Task(_Document):
     created_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    node_rank: int | None = Field(None, description="distributed: this task's node")
 
 
 class Job(_Document):
@@ -531,6 +552,7 @@ class LogLine(_Document):
     ts: datetime
     text: str
     task_id: str | None = None
+    rank: int | None = Field(None, description="distributed: the global rank that wrote it")
 
 
 class LogPage(_Document):
@@ -549,6 +571,7 @@ class LogEntry(_Request):
     stream: LogStream
     ts: datetime
     text: Annotated[str, StringConstraints(max_length=65536)]
+    rank: int | None = Field(None, ge=0, description="distributed: the global rank")
 
 
 class LogBatch(_Request):
@@ -563,6 +586,57 @@ class LogAck(_Document):
     """How many of a task's lines the control plane now holds."""
 
     next_seq: int
+
+
+# ------------------------------------------------------------------ metrics
+
+
+MetricKey = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class MetricPoint(_Request):
+    """One log point of a training run (a line of ``$GPULAYER_METRICS_FILE``)."""
+
+    step: int | None = Field(None, ge=0)
+    epoch: int | None = Field(None, ge=0)
+    rank: int | None = Field(None, ge=0)
+    ts: datetime
+    metrics: dict[MetricKey, float] = Field(max_length=1000)
+
+
+class MetricBatch(_Request):
+    """Points of one task; ``seq`` numbers the first point within the task so a
+    batch sent twice is stored once (as :class:`LogBatch`)."""
+
+    seq: int = Field(ge=0)
+    points: list[MetricPoint] = Field(max_length=10000)
+
+
+class MetricAck(_Document):
+    """How many of a task's metric points the control plane now holds."""
+
+    next_seq: int
+
+
+class StoredMetricPoint(_Document):
+    """A stored point; ``seq`` numbers a job's points from 1, in arrival order."""
+
+    seq: int
+    task_id: str | None = None
+    step: int | None = None
+    epoch: int | None = None
+    rank: int | None = None
+    ts: datetime
+    metrics: dict[str, float]
+
+
+class MetricPage(_Document):
+    """Points with ``seq`` greater than ``after``; ask again with ``after=next_after``."""
+
+    api_version: str = API_VERSION
+    points: list[StoredMetricPoint]
+    next_after: int
+    complete: bool = Field(description="the job ended and every point is stored")
 
 
 # ---------------------------------------------------------------- artifacts
@@ -658,6 +732,9 @@ class WorkerRegistration(_Request):
     running_tasks: list[str] = Field(
         [], description="task ids still running here (after a reconnect)"
     )
+    address: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+        None, description="host or IP other workers reach this one at (gang rendezvous)"
+    )
 
 
 class Registered(_Document):
@@ -689,6 +766,22 @@ class HeartbeatReply(_Document):
     cancel: list[str] = []
 
 
+class Gang(_Document):
+    """Where one node of a distributed job stands in its gang: a static rendezvous
+    on the rank-0 node (``master_addr:master_port``)."""
+
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        """Processes in all."""
+        return self.nnodes * self.nproc_per_node
+
+
 class Assignment(_Document):
     """A task handed to a worker."""
 
@@ -697,6 +790,7 @@ class Assignment(_Document):
     attempt: int
     spec: JobSpec
     gpu_indices: list[int] = []
+    gang: Gang | None = Field(None, description="distributed jobs: the rendezvous")
 
 
 class Acquired(_Document):
@@ -740,6 +834,7 @@ class Worker(_Document):
     slots: int
     version: str
     python: str = ""
+    address: str | None = None
     registered_at: datetime
     last_heartbeat: datetime | None = None
     running_tasks: list[str] = []

@@ -8,6 +8,7 @@ everything is stopped at the end. The exit code is 0 when every step behaved
 as expected.
 """
 
+import importlib.util
 import sys
 import tempfile
 import textwrap
@@ -110,6 +111,62 @@ def step_cancel(conn: "gl.Connection") -> bool:
     return job.state == "cancelled"
 
 
+TRAIN = """\
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from gpulayer.pytorch import Module, Trainer, Runtime
+
+class Line(Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.linear(x), y)
+        self.log("train/loss", loss)
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2)
+
+rt = Runtime.from_env()
+torch.manual_seed(0)
+x = torch.rand(256, 1)
+data = TensorDataset(x, 2 * x + 1)
+sampler = DistributedSampler(data, rt.world_size, rt.rank, seed=0)
+trainer = Trainer(max_epochs=5, log_every_n_steps=2, enable_progress_bar=False)
+model = Line()
+trainer.fit(model, DataLoader(data, batch_size=16, sampler=sampler))
+w, b = model.linear.weight.item(), model.linear.bias.item()
+print(f"rank {rt.rank}: learned y = {w:.2f}x + {b:.2f} (true: 2x + 1)", flush=True)
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+"""
+
+
+def step_training(conn: "gl.Connection", scratch: Path) -> bool:
+    """A tiny data-parallel training run (2 ranks, gloo on CPU) whose loss reaches
+    the control plane as training metrics."""
+    if importlib.util.find_spec("torch") is None:
+        print("torch is not installed here; skipping (pip install torch)")
+        return True
+    src = scratch / "train"
+    src.mkdir()
+    (src / "train.py").write_text(TRAIN)
+    job = gl.submit([sys.executable, "train.py"], nproc_per_node=2, launcher="direct",
+                    workdir=src, name="demo-train", env={"OMP_NUM_THREADS": "1"},
+                    connection=conn)  # fmt: skip
+    print(f"submitted {job.id}: 2 ranks of data-parallel training; their output:")
+    for line in conn.follow_logs(job.id):
+        if line.rank is not None:
+            _show(f"[rank {line.rank}] {line.text}")
+    job.wait(timeout=120)
+    points = job.metrics()
+    for p in points[:: max(1, len(points) // 5)]:
+        print(f"   step {p.step:>3}  train/loss {p.metrics['train/loss']:.4f}")
+    print(f"-> {job!r}, {len(points)} metric points on the control plane")
+    return job.state == "succeeded" and bool(points)
+
+
 def main() -> int:
     """Run the tour; returns 0 when every step behaved as expected."""
     with tempfile.TemporaryDirectory(prefix="gpulayer-demo-") as tmp:
@@ -127,6 +184,7 @@ def main() -> int:
                  lambda: step_workdir(conn, scratch)),
                 ("3. a failing command", lambda: step_failure(conn)),
                 ("4. cancelling a running job", lambda: step_cancel(conn)),
+                ("5. a short training run and its metrics", lambda: step_training(conn, scratch)),
             ]  # fmt: skip
             results = [_run_step(title, fn) for title, fn in steps]
             if not all(results):

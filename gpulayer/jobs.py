@@ -116,6 +116,18 @@ class Job:
                 return lines
             offset = page.next_offset
 
+    def metrics(self, after: int = 0) -> list[contracts.StoredMetricPoint]:
+        """The training metric points stored so far (``{"train/loss": ...}`` per
+        log point of a :class:`gpulayer.pytorch.Trainer` run), oldest first, from
+        after point ``after`` on (its ``seq``)."""
+        points: list[contracts.StoredMetricPoint] = []
+        while True:
+            page = self.connection.metrics(self.id, after)
+            points.extend(page.points)
+            if not page.points:
+                return points
+            after = page.next_after
+
     def cancel(self) -> Self:
         """Ask the control plane to cancel the job; returns self."""
         self.info = self.connection.cancel(self.id)

@@ -19,7 +19,14 @@ from traitlets import Float, Int, Unicode, default, validate
 
 from gpulayer.contracts import API_PREFIX
 
-from . import handlers, metrics, metrics_handlers, token_handlers, worker_handlers
+from . import (
+    handlers,
+    metrics,
+    metrics_handlers,
+    token_handlers,
+    training_handlers,
+    worker_handlers,
+)
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .scheduler import Scheduler
@@ -34,7 +41,9 @@ JUPYTER_USER_ROLES = ("admin", "submitter", "viewer")
 
 def routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
     """Every route the extension mounts (paths relative to the API prefix)."""
-    return handlers.ROUTES + worker_handlers.ROUTES + token_handlers.ROUTES
+    return (
+        handlers.ROUTES + worker_handlers.ROUTES + token_handlers.ROUTES + training_handlers.ROUTES
+    )
 
 
 def outer_routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:

@@ -69,6 +69,7 @@ from gpulayer.contracts import (
 )
 from gpulayer.errors import Conflict, Forbidden, InvalidTransition, NotFound, ValidationError
 
+from . import gangs
 from .artifacts import BlobStore
 from .auth import Principal, TokenService
 from .fleet import Fleet
@@ -238,6 +239,7 @@ class Scheduler:
         if job.state == JobState.queued:
             views = await self.fleet.views()
             report = await self._waiting(job.spec.resources, job.id, views)
+            report = gangs.waiting(report, job.spec)
             job.pending_reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [
                 report.summary
             ]
@@ -289,7 +291,11 @@ class Scheduler:
             stmts: list[tuple[str, Sequence[Any]]] = []
             wake: str | None = None
             task = await self._current_task(job_id)
-            if state == "running" and task is not None and task["state"] == "running":
+            if gangs.is_gang(self._spec(row)[0]):  # every node at once
+                end = gangs.cancel(self.clock(), row, await self.store.tasks_of_job(job_id), reason)
+                stmts = end.statements
+                self._stop(end.stop)
+            elif state == "running" and task is not None and task["state"] == "running":
                 if task["cancel_requested"]:
                     return await self.get_job(job_id)
                 stmts.append(("UPDATE tasks SET cancel_requested = 1 WHERE id = ?", (task["id"],)))
@@ -488,7 +494,10 @@ class Scheduler:
             worker_id = existing["id"] if existing is not None else _new_id()
             info = reg.model_dump(
                 mode="json",
-                include={"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python"},
+                include={
+                    *("cpus", "memory_bytes", "devices", "labels", "slots", "version"),
+                    *("python", "address"),
+                },
             )
             await self.store.upsert_worker(
                 {
@@ -583,6 +592,7 @@ class Scheduler:
                             attempt=t["attempt"],
                             spec=JobSpec.model_validate_json(job["spec"]),
                             gpu_indices=json.loads(t["gpu_indices"]),
+                            gang=gangs.gang_of(t),
                         )
                     )
                 await self.store.apply(stmts)
@@ -607,7 +617,7 @@ class Scheduler:
             task_id,
             task["job_id"],
             batch.seq,
-            [(e.stream.value, e.ts.timestamp(), e.text) for e in batch.lines],
+            [(e.stream.value, e.ts.timestamp(), e.text, e.rank) for e in batch.lines],
         )
         self.instruments.log_lines.inc(max(0, n - task["log_seq"]))
         self.notifier.notify(logs_key(task["job_id"]))
@@ -703,6 +713,7 @@ class Scheduler:
                 spec, key = self._spec(job)
                 if spec.in_session:
                     continue  # placed above, once its session runs
+                key = gangs.shape_key(spec, key)
                 res = spec.resources
                 aged = now - job["created_at"] > self.aging_seconds
                 if key in failed_shapes:
@@ -712,6 +723,20 @@ class Scheduler:
                     continue
                 choice = None
                 candidates = [w for w in workers if w.id not in reserved]
+                if gangs.is_gang(spec):
+                    nodes = gangs.choose(spec, candidates, usage)
+                    if nodes is None or len(nodes) > free_slots:
+                        failed_shapes.add(key)
+                        if aged:
+                            reserved.update(w.id for w in workers if static_misfit(res, w) is None)
+                        continue
+                    stmts += await self._place_gang(job, spec, nodes, now)
+                    for n in nodes:
+                        usage[n.worker.id].tasks += 1
+                        usage[n.worker.id].gpus.update(dict.fromkeys(n.gpus, job["id"]))
+                        placed.append((job["id"], n.worker.id))
+                    free_slots -= len(nodes)
+                    continue
                 for w in sorted(candidates, key=lambda w: (usage[w.id].tasks, w.name)):
                     gpus = fit(res, w, usage[w.id])
                     if isinstance(gpus, list):
@@ -757,6 +782,21 @@ class Scheduler:
             *job_to(self.clock(), job, "scheduled", f"placed on {w.name}{gpu_text}"),
         ]
 
+    async def _place_gang(
+        self, job: sqlite3.Row, spec: JobSpec, nodes: list[gangs.Node], now: float
+    ) -> list[tuple[str, Sequence[Any]]]:
+        """Statements that place every node of a gang (lock held)."""
+        head = await self._worker_row(nodes[0].worker.id)
+        address = json.loads(head["info"]).get("address") or head["hostname"]
+        port = gangs.pick_port(address, gangs.busy_ports(await self.store.active_tasks()))
+        return gangs.place(now, job, spec, nodes, address, port, _new_id)
+
+    def _stop(self, stop: Sequence[tuple[str, str]]) -> None:
+        """Tell workers (through their acquire long-poll) to stop these tasks."""
+        for worker_id, task_id in stop:
+            self._cancels[worker_id].add(task_id)
+            self.notifier.notify(worker_key(worker_id))
+
     async def placement(self, job_id: str) -> Placement:
         """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
         row = await self._job_row(job_id)
@@ -764,8 +804,8 @@ class Scheduler:
         if row["state"] != JobState.queued:
             names = {w.id: w.name for w in views}
             return placed_report(job_model(row, await self.store.tasks_of_job(job_id), names))
-        res = self._spec(row)[0].resources
-        return await self._waiting(res, job_id, views)
+        spec = self._spec(row)[0]
+        return gangs.waiting(await self._waiting(spec.resources, job_id, views), spec)
 
     async def _waiting(self, res: Any, job_id: str, views: list[WorkerView]) -> Placement:
         usage = await self._usage() if views else {}
@@ -803,12 +843,18 @@ class Scheduler:
             stmts: list[tuple[str, Sequence[Any]]] = []
             ended = []
             for t in await self.store.expired_leases(now):
+                if t["node_rank"] is not None and t["job_id"] in ended:
+                    continue  # its gang ends once, with the first node
                 stmts += await self._finish(t, "lost", None, "worker stopped renewing the lease")
                 ended.append(t["job_id"])
             offline = {w["id"] for w in await self.store.list_workers() if w["state"] == "offline"}
             for t in await self.store.active_tasks():
                 if t["state"] == "scheduled" and t["worker_id"] in offline:
-                    stmts += self._unplace(t, "its worker went offline before starting it")
+                    why = "its worker went offline before starting it"
+                    if t["node_rank"] is None:
+                        stmts += self._unplace(t, why)
+                    elif t["job_id"] not in ended:
+                        stmts += await self._finish(t, "lost", None, why)
                     ended.append(t["job_id"])
             if stmts:
                 await self.store.apply(stmts)
@@ -901,6 +947,15 @@ class Scheduler:
         job = await self._job_row(task["job_id"])
         spec = JobSpec.model_validate_json(job["spec"])
         reason = reason or {"succeeded": "exit code 0"}.get(state, state)
+        if gangs.is_gang(spec):
+            tasks = await self.store.tasks_of_job(job["id"])
+            names = await self._worker_names()
+            end = gangs.finish(
+                self.clock(), job, spec, tasks, task, state, exit_code, reason,
+                retry=retry, names=names,
+            )  # fmt: skip
+            self._stop(end.stop)
+            return end.statements
         stmts = task_end(self.clock(), task, state, exit_code, reason)
         if retry and state in ("failed", "lost") and job["attempts"] <= spec.retries:
             left = spec.retries - job["attempts"] + 1

@@ -141,8 +141,28 @@ CREATE TABLE IF NOT EXISTS results (
 );
 """
 
+# v5: distributed jobs (a task's node and rendezvous, a log line's rank) and the
+# training metrics their tasks ship.
+_SCHEMA_V5 = """
+ALTER TABLE tasks ADD COLUMN node_rank INTEGER;
+ALTER TABLE tasks ADD COLUMN gang TEXT;
+ALTER TABLE tasks ADD COLUMN metric_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE logs ADD COLUMN rank INTEGER;
+CREATE TABLE IF NOT EXISTS metrics (
+    job_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    task_id  TEXT,
+    rank     INTEGER,
+    step     INTEGER,
+    epoch    INTEGER,
+    ts       REAL NOT NULL,
+    metrics  TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
@@ -369,12 +389,13 @@ class Store:
     # ----------------------------------------------------------------- logs
 
     async def append_logs(
-        self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[str, float, str]]
+        self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[Any, ...]]
     ) -> int:
         """Store the lines of a batch the task does not have yet.
 
-        ``lines`` are ``(stream, ts, text)``; the first is line ``first_seq`` of the
-        task. Returns the task's new line count. One transaction per batch.
+        ``lines`` are ``(stream, ts, text)`` or ``(stream, ts, text, rank)``; the first
+        is line ``first_seq`` of the task. Returns the task's new line count. One
+        transaction per batch.
         """
 
         def run(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -387,11 +408,11 @@ class Store:
                 fresh = lines[skip:] if first_seq <= have else []
                 if fresh:
                     conn.executemany(
-                        "INSERT INTO logs (job_id, offset, task_id, stream, ts, text)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [
-                            (job_id, offset + i, task_id, stream, ts, text)
-                            for i, (stream, ts, text) in enumerate(fresh)
+                            (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
+                            for i, line in enumerate(fresh)
                         ],
                     )
                     conn.execute(
@@ -419,6 +440,7 @@ class Store:
                 ts=as_datetime(r["ts"]),
                 text=r["text"],
                 task_id=r["task_id"],
+                rank=r["rank"],
             )
             for r in rows
         ]
@@ -430,6 +452,49 @@ class Store:
         return await self._all(
             "SELECT * FROM logs WHERE job_id = ? AND offset >= ? ORDER BY offset LIMIT ?",
             (job_id, offset, limit),
+        )
+
+    # -------------------------------------------------------------- metrics
+
+    async def append_metrics(
+        self, task_id: str, job_id: str, first_seq: int, points: Sequence[tuple[Any, ...]]
+    ) -> int:
+        """Store the points of a batch the task does not have yet (as :meth:`append_logs`).
+
+        ``points`` are ``(rank, step, epoch, ts, metrics_json)``; returns the task's
+        new point count.
+        """
+
+        def run(conn: sqlite3.Connection) -> int:
+            with _transaction(conn):
+                trow = conn.execute(
+                    "SELECT metric_seq FROM tasks WHERE id = ?", (task_id,)
+                ).fetchone()
+                assert trow is not None
+                have = int(trow[0])
+                fresh = points[max(0, have - first_seq) :] if first_seq <= have else []
+                if fresh:
+                    last = conn.execute(
+                        "SELECT COALESCE(MAX(seq), 0) FROM metrics WHERE job_id = ?", (job_id,)
+                    ).fetchone()[0]
+                    conn.executemany(
+                        "INSERT INTO metrics (job_id, seq, task_id, rank, step, epoch, ts,"
+                        " metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(job_id, last + 1 + i, task_id, *p) for i, p in enumerate(fresh)],
+                    )
+                    conn.execute(
+                        "UPDATE tasks SET metric_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                    )
+                return have + len(fresh)
+
+        async with self._tx:
+            return await self._in_thread(run)
+
+    async def read_metrics(self, job_id: str, after: int, limit: int) -> list[sqlite3.Row]:
+        """Up to ``limit`` metric points of a job with ``seq`` above ``after``."""
+        return await self._all(
+            "SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (job_id, after, limit),
         )
 
     # --------------------------------------------------------------- events
@@ -663,6 +728,7 @@ def task_model(r: sqlite3.Row, names: dict[str, str] | None = None) -> Task:
         created_at=as_datetime(r["created_at"]),
         started_at=as_datetime(r["started_at"]),
         ended_at=as_datetime(r["ended_at"]),
+        node_rank=r["node_rank"],
     )
 
 

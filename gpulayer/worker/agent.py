@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import logging
 import os
 import signal
@@ -53,6 +54,7 @@ from gpulayer.worker import devices
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.kernels import CellRun, KernelHost, SessionRun
 from gpulayer.worker.logs import LogShipper
+from gpulayer.worker.metrics import METRICS_FILE_ENV, MetricsFollower
 from gpulayer.worker.process import (
     CommandRun,
     Outcome,
@@ -62,6 +64,7 @@ from gpulayer.worker.process import (
     task_env,
     task_vars,
 )
+from gpulayer.worker.torchrun import GangRun
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,7 @@ class AgentConfig:
     fingerprint: str | None = None  # pinned sha256 of the server's TLS certificate
     warm_runners: int = 1  # function runners started ahead of the first call
     runner_max_calls: int = 1000  # calls before a function runner is replaced
+    address: str | None = None  # where other workers reach this one (gang rendezvous)
 
 
 @dataclass(eq=False)
@@ -112,8 +116,10 @@ class _Task:
     logs: LogShipper
     shipper: "asyncio.Task[None] | None" = None
     pipeline: "asyncio.Task[None] | None" = None
-    run: CommandRun | FunctionRun | CellRun | SessionRun | None = None
+    run: CommandRun | FunctionRun | CellRun | SessionRun | GangRun | None = None
     dir: TaskDir | None = None
+    metrics: MetricsFollower | None = None
+    metrics_loop: "asyncio.Task[None] | None" = None
     cancel_reason: str | None = None
     abandoned: bool = False
     released: bool = False
@@ -221,6 +227,7 @@ class Agent:
                 version=gpulayer.__version__,
                 python=f"{sys.version_info.major}.{sys.version_info.minor}",
                 running_tasks=self._running_ids(),
+                address=self.config.address or advertise_address(self.config.url),
             )
         except pydantic.ValidationError as e:
             raise ConfigError(f"cannot register this worker: {e}") from e
@@ -384,6 +391,8 @@ class Agent:
             task.logs.stop()
             if task.shipper is not None:
                 task.shipper.cancel()
+            if task.metrics_loop is not None:
+                task.metrics_loop.cancel()
             if task.dir is not None:
                 task.dir.remove()  # after a cancel or error; a no-op when already gone
             self._tasks.pop(task.id, None)
@@ -436,13 +445,24 @@ class Agent:
                     self._runners, a, payload, env=env, cwd=task.dir.work, on_line=task.logs.add
                 )
             else:
-                task.run = CommandRun(
-                    a.spec,
-                    cwd=task.dir.work,
-                    env=task_env(a, task.dir.artifacts),
-                    on_line=task.logs.add,
-                    kill_grace_seconds=self.config.kill_grace_seconds,
-                )
+                env = task_env(a, task.dir.artifacts)
+                self._follow_metrics(task, env)
+                if a.gang is not None:
+                    task.run = GangRun(
+                        a,
+                        cwd=task.dir.work,
+                        env=env,
+                        on_line=task.logs.add,
+                        kill_grace_seconds=self.config.kill_grace_seconds,
+                    )
+                else:
+                    task.run = CommandRun(
+                        a.spec,
+                        cwd=task.dir.work,
+                        env=env,
+                        on_line=task.logs.add,
+                        kill_grace_seconds=self.config.kill_grace_seconds,
+                    )
             if task.cancel_reason is not None:
                 task.run.cancel(task.cancel_reason)
             return await task.run.run()
@@ -486,6 +506,8 @@ class Agent:
         """Flush logs, upload artifacts, complete: in this order, so that a client
         that sees the task ended also sees all its output."""
         await task.logs.flush()
+        if task.metrics is not None:
+            await task.metrics.flush()
         if task.dir is not None:
             for name, path in await _quick(task, task.dir.artifact_files):
                 if task.abandoned:
@@ -509,6 +531,21 @@ class Agent:
             c.Task.model_validate(resp.json())
         else:
             log.warning("completion of task %s refused: %s", task.id, _describe(resp))
+
+    def _follow_metrics(self, task: _Task, env: dict[str, str]) -> None:
+        """Point the task's ``$GPULAYER_METRICS_FILE`` into its directory and follow it."""
+        assert task.dir is not None
+        path = task.dir.root / "metrics.jsonl"
+        env[METRICS_FILE_ENV] = str(path)
+        task.metrics = MetricsFollower(path, functools.partial(self._send_metrics, task.id))
+        task.metrics_loop = asyncio.create_task(task.metrics.run(), name=f"metrics-{task.id}")
+
+    async def _send_metrics(self, task_id: str, batch: c.MetricBatch) -> c.MetricAck | None:
+        resp = await self._call("POST", f"tasks/{task_id}/metrics", body=batch)
+        if resp.is_success:
+            return c.MetricAck.model_validate(resp.json())
+        log.warning("metrics of task %s refused: %s", task_id, _describe(resp))
+        return None
 
     async def _send_logs(self, task_id: str, batch: c.LogBatch) -> c.LogAck | None:
         resp = await self._call("POST", f"tasks/{task_id}/logs", body=batch)
@@ -722,6 +759,21 @@ async def _quick(task: _Task, fn: Callable[[], T]) -> T:
     if task.assignment.spec.function is not None:
         return fn()
     return await asyncio.to_thread(fn)
+
+
+def advertise_address(url: str) -> str:
+    """The address other workers reach this one at: 127.0.0.1 when the control plane
+    is on this machine, else the local IP this machine uses to reach it."""
+    host = httpx.URL(url).host or "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        if any(ipaddress.ip_address(i[4][0]).is_loopback for i in infos):
+            return "127.0.0.1"
+        with socket.socket(infos[0][0], socket.SOCK_DGRAM) as s:
+            s.connect((infos[0][4][0], 9))  # a UDP connect sends nothing
+            return str(s.getsockname()[0])
+    except (OSError, ValueError):
+        return socket.gethostname()
 
 
 def _now() -> datetime:

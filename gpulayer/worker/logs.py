@@ -46,13 +46,14 @@ class LogShipper:
         self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
 
-    def add(self, stream: c.LogStream, text: str, ts: datetime) -> None:
-        """Queue one line (the :data:`~gpulayer.worker.process.LineCallback`)."""
+    def add(self, stream: c.LogStream, text: str, ts: datetime, rank: int | None = None) -> None:
+        """Queue one line (the :data:`~gpulayer.worker.process.LineCallback`); ``rank``
+        is the global rank of a gang's process that wrote it."""
         if self._stopped:
             return
         for i in range(0, max(len(text), 1), MAX_LINE_CHARS):
             self._unacked.append(
-                c.LogEntry(stream=stream, ts=ts, text=text[i : i + MAX_LINE_CHARS])
+                c.LogEntry(stream=stream, ts=ts, text=text[i : i + MAX_LINE_CHARS], rank=rank)
             )
         self._drained.clear()
         self._arrived.set()

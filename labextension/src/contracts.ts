@@ -127,8 +127,8 @@ export interface IJob {
 }
 
 /** What a job runs. */
-export type JobKind = 'command' | 'function' | 'cell' | 'session';
-export const JOB_KINDS: readonly JobKind[] = ['command', 'function', 'cell', 'session'];
+export type JobKind = 'command' | 'function' | 'cell' | 'session' | 'distributed';
+export const JOB_KINDS: readonly JobKind[] = ['command', 'function', 'cell', 'session', 'distributed'];
 
 /** A page of jobs, newest first. */
 export interface IJobList {
@@ -156,6 +156,12 @@ export interface IJobSpec {
   retries: number;
   priority: number;
   labels: { [key: string]: string };
+  /** distributed: tasks placed together, one per worker */
+  nodes: number;
+  /** distributed: processes per node */
+  nproc_per_node: number;
+  /** distributed: 'torchrun', or 'direct' (gpulayer starts the ranks) */
+  launcher: 'torchrun' | 'direct';
 }
 
 /** Life cycle of a job (and of each of its tasks). */
@@ -169,6 +175,8 @@ export interface ILogLine {
   ts: string;
   text: string;
   task_id: string | null;
+  /** distributed: the global rank that wrote it */
+  rank: number | null;
 }
 
 /** Lines from ``offset`` on. ``complete`` is true once the job ended and every line it will ever have is in the store. */
@@ -238,6 +246,8 @@ export interface ITask {
   created_at: string;
   started_at: string | null;
   ended_at: string | null;
+  /** distributed: this task's node */
+  node_rank: number | null;
 }
 
 /** A running task's process tree at a heartbeat. */
@@ -278,6 +288,7 @@ export interface IWorker {
   slots: number;
   version: string;
   python: string;
+  address: string | null;
   registered_at: string;
   last_heartbeat: string | null;
   running_tasks: string[];

@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from jupyter_ext import app, handlers, metrics_handlers, token_handlers, worker_handlers
+from jupyter_ext import (
+    app,
+    handlers,
+    metrics_handlers,
+    token_handlers,
+    training_handlers,
+    worker_handlers,
+)
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 UNUSABLE = ("none", "expired", "revoked", "unknown", "malformed")
@@ -92,6 +99,11 @@ def _lines() -> dict[str, Any]:
     return {"seq": 0, "lines": [{"stream": "stdout", "ts": now, "text": "x"}]}
 
 
+def _points() -> dict[str, Any]:
+    now = datetime.now(UTC).isoformat()
+    return {"seq": 0, "points": [{"step": 1, "ts": now, "metrics": {"train/loss": 1.0}}]}
+
+
 def _registration(name: str) -> dict[str, Any]:
     return {"name": name, "hostname": "h-" + name, "cpus": 2, "memory_bytes": 1 << 30,
             "version": "test", "slots": 1000}  # fmt: skip
@@ -163,7 +175,7 @@ async def _name(ctx: Ctx) -> dict[str, Any]:
 
 
 JOB = lambda c, f: ("jobs", c.job_id)  # noqa: E731
-H, W, T = handlers, worker_handlers, token_handlers
+H, W, T, M = handlers, worker_handlers, token_handlers, training_handlers
 
 #: handler class -> verb -> Case. Add new routes here.
 MATRIX: dict[type, dict[str, Case]] = {
@@ -240,6 +252,11 @@ MATRIX: dict[type, dict[str, Case]] = {
     W.AcquireHandler: {
         "post": Case(lambda c, f: ("workers", c.worker_id, "acquire"),
                      {"admin": 204, "worker": 204}, params={"wait": "0"}),
+    },
+    M.JobMetricsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "metrics"), _read())},
+    M.TaskMetricsHandler: {
+        "post": Case(lambda c, f: ("tasks", c.task_id, "metrics"), {"admin": 200, "worker": 200},
+                     body=lambda c, f: _points()),
     },
     W.TaskLogsHandler: {
         "post": Case(lambda c, f: ("tasks", c.task_id, "logs"), {"admin": 200, "worker": 200},
