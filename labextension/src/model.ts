@@ -240,10 +240,8 @@ export namespace ClusterModel {
   }
 }
 
-/** A log line; gang jobs (issue: distributed training) will add the global `rank`. */
-export interface IRankedLine extends ILogLine {
-  rank?: number | null;
-}
+/** A log line; a gang job's lines carry the global `rank` that wrote them. */
+export type IRankedLine = ILogLine;
 
 /**
  * Follows a job's log from an offset with the server's long poll

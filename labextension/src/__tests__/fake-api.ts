@@ -101,17 +101,14 @@ export function worker(name: string, gpus: number, extra: Partial<IWorker> = {})
 }
 
 export function line(offset: number, text: string, rank?: number): ILogLine {
-  const l: ILogLine & { rank?: number } = {
+  return {
     offset,
     stream: 'stdout',
     ts: '2026-12-02T10:00:01Z',
     text,
-    task_id: 't1'
+    task_id: 't1',
+    rank: rank ?? null
   };
-  if (rank !== undefined) {
-    l.rank = rank;
-  }
-  return l;
 }
 
 export class FakeAPI implements IGpulayerAPI {
