@@ -357,7 +357,9 @@ class JobSpec(_Request):
 
     A ``command`` job gives exactly one of ``command`` (an argv list, run without
     a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives
-    ``function`` and runs in one of the worker's warm Python runners; a ``cell``
+    ``function`` and runs in one of the worker's warm Python runners; a
+    ``distributed`` job gives ``command``, ``shell`` or a one-call ``function`` and
+    runs it on every rank of a gang of ``nodes`` x ``nproc_per_node``; a ``cell``
     job gives ``cell`` and a ``session`` job ``session`` (both run in headless
     Jupyter kernels; a cell in a session ignores ``resources``).
     """
@@ -413,8 +415,14 @@ class JobSpec(_Request):
             if self.command is not None or self.shell is not None:
                 raise ValueError("a 'function' job takes no 'command' or 'shell'")
             return self
+        if self.kind == JobKind.distributed and self.function is not None:
+            if self.command is not None or self.shell is not None:
+                raise ValueError("give one of 'command', 'shell' or 'function', not several")
+            if self.function.calls != 1:
+                raise ValueError("a distributed 'function' holds exactly one call")
+            return self
         if self.function is not None:
-            raise ValueError("'function' needs kind 'function'")
+            raise ValueError("'function' needs kind 'function' or 'distributed'")
         if (self.command is None) == (self.shell is None):
             raise ValueError("give exactly one of 'command' (argv list) or 'shell' (string)")
         return self

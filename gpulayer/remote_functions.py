@@ -8,12 +8,18 @@
 >>> call = train.spawn(0.1); call.result()   # a handle
 >>> list(train.map([0.1, 0.01, 0.001]))      # many calls, batched
 
+>>> @gl.remote(nodes=2, nproc_per_node=2, gpus=2)  # a gang: every rank makes the call
+... def fit_ddp(epochs):
+...     return Trainer(max_epochs=epochs).fit(Model(), loader())  # rank 0's value returns
+
 A call travels as a :mod:`gpulayer.payload` (cloudpickle; the user's own modules
 by value) in a ``function`` job; a worker makes it in a warm runner process
 (:mod:`gpulayer.worker.functions`) and sends the outcome back. A remote
 exception is raised here as its own type with the remote traceback as its
 ``__cause__``; one whose class does not exist here is a
-:class:`~gpulayer.errors.RemoteError`.
+:class:`~gpulayer.errors.RemoteError`. With ``nodes``/``nproc_per_node`` a call is
+a ``distributed`` job instead: each rank runs it in a fresh process
+(:mod:`gpulayer.worker.rank_call`) and global rank 0's outcome is the answer.
 
 (The module is not called ``remote``: a submodule of that name would replace
 the ``gl.remote`` decorator on the package once imported; docs/adr/0012.)
@@ -77,8 +83,12 @@ _OPTIONS = frozenset(
         "labels",
         "priority",
         "connection",
+        "nodes",
+        "nproc_per_node",
+        "launcher",
     }
 )
+_DISTRIBUTED = frozenset({"nodes", "nproc_per_node", "launcher"})
 
 
 # ----------------------------------------------------------------- decorator
@@ -101,6 +111,15 @@ def remote(fn: Callable[P, R] | None = None, /, **options: Any) -> Any:
         Also retry when the function raises (default: an exception is the answer).
     name, env, labels, priority
         Of each call's job; ``name`` defaults to the function's name.
+    nodes, nproc_per_node, launcher
+        Make each call a distributed job: a gang of ``nodes`` workers (the
+        resources are per node) with ``nproc_per_node`` processes each, placed all
+        at once. Every rank makes the call with ``RANK``, ``WORLD_SIZE``,
+        ``MASTER_ADDR`` and ``MASTER_PORT`` set (what
+        ``torch.distributed.init_process_group`` and :class:`gpulayer.pytorch.Trainer`
+        read); the answer is global rank 0's return value, or the first exception a
+        rank raised. ``launcher`` is ``"torchrun"`` (default) or ``"direct"``.
+        Each call runs in fresh processes, not a warm runner.
     connection
         Defaults to :func:`gpulayer.current_connection` at call time.
 
@@ -214,6 +233,10 @@ class RemoteFunction(Generic[P, R]):
         the returned :class:`MapRun`) cancels the calls that have not finished.
         """
         items = [tuple(x) if star else (x,) for x in iterable]
+        if self._spec.kind == contracts.JobKind.distributed:
+            if chunk_size not in (None, 1):
+                raise ValueError("chunk_size: a distributed function runs one call per gang")
+            chunk_size = 1
         conn = self._conn()
         parallel = max_parallel or max(1, _slots(conn, self._spec))
         size = chunk_size or max(
@@ -243,8 +266,12 @@ class RemoteFunction(Generic[P, R]):
     def _base_spec(self) -> contracts.JobSpec:
         o = self._options
         try:
+            gang = {k: o[k] for k in _DISTRIBUTED if k in o}
+            if gang:
+                gang["kind"] = "distributed"
             return contracts.JobSpec(
-                kind="function",
+                kind=gang.pop("kind", "function"),
+                **gang,
                 function={"format": payload.FORMAT, "python": payload.PYTHON, "payload": b"-"},
                 name=o.get("name") or self._name()[:128].replace("<", "").replace(">", "") or None,
                 env=dict(o.get("env") or {}),
@@ -404,7 +431,8 @@ def _print_lines(lines: Sequence[contracts.LogLine], offset: int) -> None:
         stream = sys.stderr if line.stream == contracts.LogStream.stderr else sys.stdout
         if line.stream == contracts.LogStream.system:
             stream = sys.stderr
-        print(line.text, file=stream, flush=True)
+        text = line.text if line.rank is None else f"[{line.rank}] {line.text}"
+        print(text, file=stream, flush=True)
 
 
 # ------------------------------------------------------------------- results

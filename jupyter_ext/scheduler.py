@@ -234,7 +234,8 @@ class Scheduler:
         tasks = await self.store.tasks_of_job(job_id)
         names = await self.fleet.names({t["worker_id"] for t in tasks} | {row["worker_id"]})
         job = job_model(row, tasks, names)
-        if with_result and job.spec.kind in ("function", "cell") and job.state in _TERMINAL:
+        answers = job.spec.kind in ("function", "cell", "distributed")  # kinds with a result
+        if with_result and answers and job.state in _TERMINAL:
             _attach(job, await self.store.result(job_id))
         if job.state == JobState.queued:
             views = await self.fleet.views()

@@ -19,6 +19,7 @@ registers again under the same name, listing its running tasks, and carries on.
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import ipaddress
@@ -50,7 +51,7 @@ from gpulayer.errors import (
     ValidationError,
     error_for_code,
 )
-from gpulayer.worker import devices
+from gpulayer.worker import devices, rank_call
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.kernels import CellRun, KernelHost, SessionRun
 from gpulayer.worker.logs import LogShipper
@@ -414,7 +415,7 @@ class Agent:
                 a.job_id,
                 a.attempt,
             )
-            if fn is None:  # a function call stays quiet: its log holds what it prints
+            if fn is None or a.gang is not None:  # a call stays quiet: its log is its prints
                 gpus = ", ".join(str(i) for i in a.gpu_indices)
                 where = (
                     f"GPU {gpus}"
@@ -439,6 +440,8 @@ class Agent:
             except GpulayerError as e:
                 task.logs.add(c.LogStream.system, str(e), _now())
                 return Outcome("failed", None, str(e))
+            if fn is not None and a.gang is not None:
+                return await self._run_gang_call(task, payload)
             if fn is not None:  # the runner has the rest of the environment already
                 env = task_vars(a, task.dir.artifacts)
                 task.run = FunctionRun(
@@ -466,6 +469,40 @@ class Agent:
             if task.cancel_reason is not None:
                 task.run.cancel(task.cancel_reason)
             return await task.run.run()
+
+    async def _run_gang_call(self, task: _Task, data: bytes) -> Outcome:
+        """A distributed function: every rank makes the call (:mod:`.rank_call`);
+        global rank 0's outcome is the answer, sent back by node 0."""
+        a = task.assignment
+        assert task.dir is not None and a.gang is not None and a.spec.function is not None
+        root = task.dir.root
+        await asyncio.to_thread((root / "call.payload").write_bytes, data)
+        argv = [sys.executable, "-m", "gpulayer.worker.rank_call", str(root / "call.payload")]
+        spec = a.spec.model_copy(update={"command": argv, "shell": None, "function": None})
+        env = {**task_env(a, task.dir.artifacts), "GPULAYER_CALL_DIR": str(root)}
+        self._follow_metrics(task, env)
+        run = task.run = GangRun(
+            a.model_copy(update={"spec": spec}),
+            cwd=task.dir.work,
+            env=env,
+            on_line=task.logs.add,
+            kill_grace_seconds=self.config.kill_grace_seconds,
+        )
+        if task.cancel_reason is not None:
+            run.cancel(task.cancel_reason)
+        out = await run.run()
+        answer = None
+        if out.state == "succeeded" and a.gang.node_rank == 0:
+            answer = root / rank_call.OUTCOME_FILE
+        elif out.state == "failed" and any(root.glob(rank_call.RAISED_PREFIX + "*")):
+            # The function raised (not a crash): no retry unless asked; the failing
+            # rank's exception is the answer when it was one of this node's.
+            out = dataclasses.replace(out, retry=a.spec.function.retry_exceptions)
+            if run.failed_rank is not None:
+                answer = rank_call.raised_file(root, run.failed_rank)
+        if answer is not None and answer.exists():
+            out = dataclasses.replace(out, result=await asyncio.to_thread(answer.read_bytes))
+        return out
 
     async def _run_kernel_task(self, task: _Task) -> Outcome:
         """A cell or session task, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""

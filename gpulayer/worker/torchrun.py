@@ -131,6 +131,7 @@ class GangRun:
         self._cancel_reason: str | None = None
         self._summary_rank: int | None = None
         self._summary_exit: str | None = None
+        self.failed_rank: int | None = None  #: the global rank whose failure ended the node
 
     @property
     def pid(self) -> int | None:
@@ -248,6 +249,7 @@ class GangRun:
     async def _failed(self, rank: int, how: str, exit_code: int | None) -> Outcome:
         if self._cancel_reason is not None:
             return Outcome("cancelled", exit_code, self._cancel_reason)
+        self.failed_rank = rank
         error = self._tails.error(rank)
         reason = f"rank {rank} failed: {how}" + (f": {error}" if error else "")
         if self._tails.collateral(rank):

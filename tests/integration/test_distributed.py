@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpulayer as gl
+from gpulayer import errors
 
 from .conftest import until
 
@@ -84,3 +85,79 @@ def test_killing_one_rank_fails_the_gang_fast_and_frees_every_worker(fresh_clust
         nxt = gl.submit(["true"], nodes=2, launcher="direct", connection=conn)
         assert conn.job(nxt.id).state in ("scheduled", "running", "succeeded")
         assert nxt.wait(timeout=60).state == "succeeded"
+
+
+def all_reduce_ranks(scale):
+    """Every rank adds its rank + 1 over gloo; answers what this rank saw."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        t = torch.tensor([float(dist.get_rank() + 1) * scale])
+        dist.all_reduce(t)
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()} sums {t.item():g}")
+        return dist.get_rank(), dist.get_world_size(), t.item()
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_one_refuses():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 says no")
+    dist.barrier()  # rank 0 waits here until the gang is stopped
+    return "unreachable"
+
+
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_a_remote_function_runs_on_every_rank_and_answers_rank_0s_value(
+    fresh_cluster, capsys, launcher
+):
+    cluster = fresh_cluster(workers=2, slots=1)
+    with cluster.connection() as conn:
+        fn = gl.remote(
+            all_reduce_ranks,
+            nodes=2,
+            launcher=launcher,
+            env={"OMP_NUM_THREADS": "1"},
+            timeout="120s",
+            connection=conn,
+        )
+        assert fn.run(2.0) == (0, 2, 6.0)  # (1 + 2) * 2 on both ranks; rank 0's tuple returns
+        out = capsys.readouterr().out
+        assert "[0] rank 0 of 2 sums 6" in out
+        assert "[1] rank 1 of 2 sums 6" in out  # the other node's print, with its rank
+        # .map runs one gang per item.
+        assert list(fn.map([1.0, 3.0], progress=False)) == [(0, 2, 3.0), (0, 2, 9.0)]
+
+
+def test_a_rank_that_raises_fails_the_call_with_its_exception_and_no_retry(fresh_cluster):
+    cluster = fresh_cluster(workers=1, slots=1)
+    with cluster.connection() as conn:
+        fn = gl.remote(
+            rank_one_refuses,
+            nproc_per_node=2,
+            retries=2,
+            env={"OMP_NUM_THREADS": "1"},
+            timeout="120s",
+            connection=conn,
+        )
+        call = fn.spawn()
+        with pytest.raises(ValueError, match="rank 1 says no") as raised:
+            call.result(timeout=120)
+        assert "rank_one_refuses" in str(raised.value.__cause__)  # the remote traceback
+        info = conn.job(call.id)
+        assert info.state == "failed"
+        assert "rank 1 failed" in (info.reason or ""), info.reason
+        assert info.attempts == 1  # the function's exception is its answer, not a crash
+
+
+def test_distributed_options_are_checked_where_they_are_given():
+    with pytest.raises(errors.ValidationError, match="nodes"):
+        gl.remote(all_reduce_ranks, nodes=0)
+    fn = gl.remote(all_reduce_ranks, nodes=2)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fn.map([1.0], chunk_size=4)

@@ -45,6 +45,9 @@ async def test_location_header_points_at_the_job(jp_fetch, gl_api, gl_data_dir):
     assert resp.headers["Location"].startswith("/a%40b/")
 
 
+CALL = {"format": 1, "python": "3.11", "payload": "LQ=="}
+
+
 async def test_bad_bodies_are_400_naming_the_field_and_store_nothing(gl_api):
     cases = [
         ({"command": ["true"], "bogus": 1}, "bogus"),
@@ -53,7 +56,16 @@ async def test_bad_bodies_are_400_naming_the_field_and_store_nothing(gl_api):
         ({"command": ["true"], "timeout": "soon"}, "timeout"),
         ({"command": ["true"], "shell": "true"}, "body"),
         ({}, "body"),
+        ({"kind": "distributed", "command": ["true"], "nodes": 0}, "nodes"),
     ]
+    distributed = [
+        ({"command": ["true"], "nodes": 2}, "need kind 'distributed'"),
+        ({"kind": "distributed", "command": ["true"], "function": CALL}, "not several"),
+        ({"kind": "distributed", "function": {**CALL, "calls": 2}}, "exactly one call"),
+    ]
+    for body, words in distributed:
+        status, err = await gl_api("jobs", method="POST", json_body=body)
+        assert status == 400 and words in err["message"], (body, err)
     for body, field in cases:
         status, err = await gl_api("jobs", method="POST", json_body=body)
         assert status == 400, body
