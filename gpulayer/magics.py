@@ -22,6 +22,16 @@ variables first and ``--pull`` brings variables back after it (cloudpickle:
 same Python minor version on both sides). ``--no-wait`` returns the
 :class:`~gpulayer.Job` at once.
 
+With ``--nodes N`` / ``--nproc-per-node M`` (and ``--launcher direct``) the cell
+is a distributed job instead: its source runs as a script (``__name__ ==
+"__main__"``) on every rank of a gang of N workers x M processes, with
+torchrun's variables set, so ``gpulayer.pytorch.Trainer`` or
+``init_process_group`` work as in a script; ``--gpus``/``--gpu-memory`` are per
+node. Every rank's output streams in as ``[rank] text``; the first rank that
+raises fails the gang and its exception is raised here; ``--push`` variables
+reach every rank and ``--pull`` brings back rank 0's. Rich output is not
+relayed (it is a script, not a kernel) and ``--session`` does not apply.
+
 The line magic::
 
     %gpulayer status | workers | jobs | sessions
@@ -121,6 +131,9 @@ class GpulayerMagics(Magics):
     @argument("--push", metavar="a,b", help="variables to send to the remote kernel first")
     @argument("--pull", metavar="c,d", help="variables to bring back afterwards")
     @argument("--no-wait", action="store_true", help="return the Job at once")
+    @argument("--nodes", type=int, help="distributed: run the cell on N workers at once")
+    @argument("--nproc-per-node", type=int, metavar="M", help="distributed: processes per node")
+    @argument("--launcher", choices=["torchrun", "direct"], help="distributed: how ranks start")
     @cell_magic
     def gpulayer(self, line: str, cell: str) -> Any:
         """Run the cell in a remote kernel (see ``gpulayer.magics``)."""
@@ -148,6 +161,11 @@ class GpulayerMagics(Magics):
             resources["gpu_memory"] = args.gpu_memory
         if args.worker:
             resources["worker"] = args.worker
+        if args.nodes is not None or args.nproc_per_node is not None or args.launcher:
+            if args.session:
+                raise UsageError("--nodes runs the cell as a script on every rank; drop --session")
+            values = {n: ns[n] for n in push}
+            return self._run_gang(args, source, values, pull, timeout, resources)
         conn = connection()
         try:
             if args.session:
@@ -168,6 +186,37 @@ class GpulayerMagics(Magics):
         values = run.result()  # raises the remote error (or JobFailed)
         ns.update(values)
         return renderer.result
+
+    def _run_gang(
+        self,
+        args: Any,
+        source: str,
+        values: dict[str, Any],
+        pull: list[str],
+        timeout: float | None,
+        resources: dict[str, Any],
+    ) -> Any:
+        """``%%gpulayer --nodes``: the cell as a distributed function of its source."""
+        from gpulayer.remote_functions import remote
+        from gpulayer.worker.rank_call import run_source
+
+        gang = {
+            "nodes": 1 if args.nodes is None else args.nodes,
+            "nproc_per_node": 1 if args.nproc_per_node is None else args.nproc_per_node,
+        }
+        conn = connection()
+        try:
+            fn = remote(
+                run_source, name="cell", launcher=args.launcher or "torchrun",
+                timeout=timeout, connection=conn, **gang, **resources,
+            )  # fmt: skip
+            if args.no_wait:
+                return fn.spawn(source, values, pull).job
+            pulled = fn.run(source, values, pull)  # raises the failing rank's exception
+        except errors.ValidationError as e:
+            raise UsageError(e.message) from e
+        self.shell.user_ns.update(pulled)
+        return None
 
     @magic_arguments()
     @argument("command", help="status, workers, jobs, sessions, logs, cancel, end, connect")

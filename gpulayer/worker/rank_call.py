@@ -12,9 +12,11 @@ back, so the caller gets that exception, and knows it is the function's answer,
 not a crash to retry) and exits 1, which stops the gang.
 """
 
+import linecache
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpulayer import payload
 
@@ -48,6 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.write(outcome.traceback)
     sys.stderr.flush()
     return 1
+
+
+CELL_FILENAME = "<gpulayer-cell>"
+
+
+def run_source(source: str, values: dict[str, Any], pull: list[str]) -> dict[str, Any]:
+    """Run a notebook cell's source as a script on this rank (``%%gpulayer --nodes``).
+
+    The code runs with ``__name__ == "__main__"`` in a fresh namespace holding
+    ``values`` (the pushed variables); answers the variables named in ``pull``.
+    Its lines show in tracebacks.
+    """
+    lines = source.splitlines(keepends=True)
+    linecache.cache[CELL_FILENAME] = (len(source), None, lines, CELL_FILENAME)
+    namespace: dict[str, Any] = {"__name__": "__main__", **values}
+    exec(compile(source, CELL_FILENAME, "exec"), namespace)  # the user's own cell
+    missing = [n for n in pull if n not in namespace]
+    if missing:
+        raise NameError(f"--pull: the cell did not define {missing[0]!r}")
+    return {n: namespace[n] for n in pull}
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -5,10 +5,15 @@ free port under a base URL that needs escaping; workers are real ``gpulayer join
 processes. Tests talk to it with the public client, as a user would.
 """
 
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import nbformat
 import pytest
+from nbclient import NotebookClient
 
 from gpulayer.client import Connection
 from gpulayer.cluster import LocalCluster
@@ -63,3 +68,42 @@ def until(check: Callable[[], object], timeout: float = 20.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+# ----------------------------------------- notebooks run by nbclient in a real kernel
+
+
+def notebook(*sources: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    return nb
+
+
+def kernel_env(cluster, tmp_path: Path) -> dict[str, str]:
+    """What the local kernel sees: the cluster in GPULAYER_URL/TOKEN, no saved config."""
+    return {**os.environ, "GPULAYER_URL": cluster.url, "GPULAYER_TOKEN": cluster.admin_token,
+            "GPULAYER_CONFIG": str(tmp_path / "absent.json")}  # fmt: skip
+
+
+def run(nb, env, during=None):
+    """Execute every cell (errors kept as outputs); ``during(client, index)`` runs in a
+    thread alongside each cell."""
+    client = NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=90)
+    with client.setup_kernel(env=env):
+        for i, cell in enumerate(nb.cells):
+            helper = None
+            if during is not None:
+                helper = threading.Thread(target=during, args=(client, i), daemon=True)
+                helper.start()
+            client.execute_cell(cell, i)
+            if helper is not None:
+                helper.join(30)
+    return nb
+
+
+def outputs(cell, kind):
+    return [o for o in cell.outputs if o.output_type == kind]
+
+
+def stdout(cell) -> str:
+    return "".join(o.text for o in outputs(cell, "stream") if o.name == "stdout")

@@ -5,18 +5,14 @@ cells run in real remote ipykernel kernels."""
 import base64
 import os
 import signal
-import threading
 import time
-from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from gpulayer import contracts
 from gpulayer.cells import strip_ansi
 
-from .conftest import until
+from .conftest import kernel_env, notebook, outputs, run, stdout, until
 
 # A 1x1 PNG: what any figure or image display relays.
 PNG = base64.b64encode(
@@ -34,42 +30,6 @@ def no_sessions_left(conn):
     for s in conn.sessions():
         conn.end_session(s.name)
     until(lambda: not conn.sessions() and not conn.jobs(state="running"), what="sessions to end")
-
-
-def notebook(*sources: str) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    return nb
-
-
-def kernel_env(cluster, tmp_path: Path) -> dict[str, str]:
-    """What the local kernel sees: the cluster in GPULAYER_URL/TOKEN, no saved config."""
-    return {**os.environ, "GPULAYER_URL": cluster.url, "GPULAYER_TOKEN": cluster.admin_token,
-            "GPULAYER_CONFIG": str(tmp_path / "absent.json")}  # fmt: skip
-
-
-def run(nb, env, during=None):
-    """Execute every cell (errors kept as outputs); ``during(client, index)`` runs in a
-    thread alongside each cell."""
-    client = NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=90)
-    with client.setup_kernel(env=env):
-        for i, cell in enumerate(nb.cells):
-            helper = None
-            if during is not None:
-                helper = threading.Thread(target=during, args=(client, i), daemon=True)
-                helper.start()
-            client.execute_cell(cell, i)
-            if helper is not None:
-                helper.join(30)
-    return nb
-
-
-def outputs(cell, kind):
-    return [o for o in cell.outputs if o.output_type == kind]
-
-
-def stdout(cell) -> str:
-    return "".join(o.text for o in outputs(cell, "stream") if o.name == "stdout")
 
 
 def test_rich_output_errors_sessions_and_push_pull(cluster, tmp_path):

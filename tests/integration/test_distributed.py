@@ -18,7 +18,7 @@ import pytest
 import gpulayer as gl
 from gpulayer import errors
 
-from .conftest import until
+from .conftest import kernel_env, notebook, outputs, run, stdout, until
 
 pytest.importorskip("torch")
 
@@ -161,3 +161,40 @@ def test_distributed_options_are_checked_where_they_are_given():
     fn = gl.remote(all_reduce_ranks, nodes=2)
     with pytest.raises(ValueError, match="chunk_size"):
         fn.map([1.0], chunk_size=4)
+
+
+MAGIC_CELL = """\
+%%gpulayer --nodes 2 --launcher direct --push scale --pull total,world
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1) * scale])
+dist.all_reduce(t)
+total, world = t.item(), dist.get_world_size()
+print(f"rank {dist.get_rank()} total {total:g}")
+dist.destroy_process_group()
+"""
+
+
+def test_a_cell_magic_with_nodes_runs_the_cell_on_every_rank(fresh_cluster, tmp_path):
+    cluster = fresh_cluster(workers=2, slots=1)
+    nb = notebook(
+        "%load_ext gpulayer",
+        "scale = 5.0",
+        MAGIC_CELL,
+        "print(total, world)",
+        "%%gpulayer --nproc-per-node 2 --launcher direct\n"
+        "import os\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise KeyError('no rank 1 today')\n",
+    )
+    env = {**kernel_env(cluster, tmp_path), "OMP_NUM_THREADS": "1"}
+    run(nb, env)
+    gang = nb.cells[2]
+    assert not outputs(gang, "error"), outputs(gang, "error")
+    out = stdout(gang)
+    assert "[0] rank 0 total 15" in out and "[1] rank 1 total 15" in out, out
+    assert stdout(nb.cells[3]).split() == ["15.0", "2"]  # rank 0's variables came back
+    (error,) = outputs(nb.cells[4], "error")
+    assert error.ename == "KeyError" and "no rank 1 today" in error.evalue

@@ -53,7 +53,7 @@ def test_import_gpulayer_does_not_load_the_http_client() -> None:
 def test_gpulayer_never_imports_jupyter_ext() -> None:
     loaded, _ = imported_by("gpulayer.cli", "gpulayer.client")
     assert "jupyter_ext" not in tops(loaded)
-    loaded, _ = imported_by("gpulayer.worker")
+    loaded, _ = imported_by("gpulayer.worker.agent")
     assert tops(loaded).isdisjoint({"jupyter_ext", "IPython", "ipywidgets", "tornado"})
 
 
@@ -63,3 +63,9 @@ def test_jupyter_ext_imports_neither_client_nor_worker() -> None:
         pytest.skip("jupyter_ext is only a namespace folder so far")
     assert not {"gpulayer.client", "gpulayer.worker", "gpulayer.cli"} & loaded
     assert not any(name.startswith("gpulayer.worker") for name in loaded)
+
+
+def test_a_rank_of_a_distributed_function_starts_without_the_agent() -> None:
+    loaded, _ = imported_by("gpulayer.worker.rank_call")
+    assert "gpulayer.worker.agent" not in loaded
+    assert tops(loaded).isdisjoint({"httpx", "psutil", "IPython", "torch"})

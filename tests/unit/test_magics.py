@@ -176,6 +176,9 @@ def test_no_wait_returns_the_job(ip, plane):
         ("--idle-timeout 5m", "--idle-timeout applies to a --session"),
         ("--gpu-memory lots", "gpu_memory"),
         ("--frobnicate", "unrecognized arguments"),
+        ("--nodes 2 --session s", "drop --session"),
+        ("--nodes 0", "nodes"),
+        ("--nproc-per-node 2 --launcher mpi", "invalid choice"),
     ],
 )
 def test_bad_options_raise_usage_errors(ip, plane, line, problem):
