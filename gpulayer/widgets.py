@@ -3,12 +3,16 @@
 * :class:`JobMonitor` shows a job's state, worker, GPUs, elapsed time, why it
   waits while queued, a live tail of its output, and a cancel button. With
   ``follow=True`` a background thread long-polls the job's logs and state and
-  updates it until the job ends; it stays correct afterwards.
+  updates it until the job ends; it stays correct afterwards. A training job's
+  metrics (``Trainer`` log points, or any program's ``$GPULAYER_METRICS_FILE``
+  lines) draw a live chart over steps, one metric at a time, one line per rank
+  where asked; a distributed job's log tail can be narrowed to one rank.
 * :class:`WorkersTable` shows the workers: devices, GPU utilization, running tasks.
 * :class:`JobsProgress` is a progress bar over many jobs.
 
 State lives in traits (``state``, ``worker``, ``gpus``, ``elapsed``,
-``pending_reasons``, ``log_tail``, ``workers``, ``done``); the child widgets
+``pending_reasons``, ``log_tail``, ``ranks``, ``metric_names``, ``workers``,
+``done``); the child widgets
 render it. :func:`job_bundle` and :func:`connection_bundle` are what
 ``Job._repr_mimebundle_`` and ``Connection._repr_mimebundle_`` answer: the
 widget in a notebook, a plain-text summary anywhere else.
@@ -16,9 +20,11 @@ widget in a notebook, a plain-text summary anywhere else.
 Imported lazily (by displays and magics), never by ``import gpulayer``.
 """
 
+import collections
 import html
+import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -30,6 +36,14 @@ from gpulayer.jobs import Job
 from gpulayer.progress import _in_notebook
 
 _RUNNING_HOLD_SECONDS = 1.0  # while a job runs, the monitor refreshes at least this often
+_KEPT_LINES = 2000  # lines kept for the rank filter (the tail shows the last tail_lines)
+_KEPT_POINTS = 5000  # points kept per series; older ones are thinned out
+_METRIC_KINDS = ("command", "distributed")  # the jobs whose tasks ship metric points
+_ALL_RANKS = -1
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+_W, _H, _PAD = 480, 180, 40
+Points = list[tuple[float, float]]
 _STATE_STYLE = {"succeeded": "success", "failed": "danger", "timed_out": "danger",
                 "lost": "danger", "cancelled": "warning", "running": "info"}  # fmt: skip
 
@@ -43,6 +57,8 @@ class JobMonitor(w.VBox):
     elapsed = Float(0.0)
     pending_reasons = List(Unicode())
     log_tail = List(Unicode())
+    ranks = List(Int())  #: the global ranks seen in the log (a distributed job)
+    metric_names = List(Unicode())  #: the metrics seen so far, in first-seen order
 
     def __init__(self, job: Job, *, tail_lines: int = 20, follow: bool = False) -> None:
         self.job = job
@@ -50,11 +66,28 @@ class JobMonitor(w.VBox):
         self.header = w.HTML()
         self.reasons = w.HTML()
         self.log_pane = w.HTML()
+        self.rank_select = w.Dropdown(options=[("all ranks", _ALL_RANKS)], value=_ALL_RANKS,
+                                      description="log of", layout=_hidden())  # fmt: skip
+        self.rank_select.observe(lambda _: self._render_tail(), "value")
+        self.metric_select = w.Dropdown(options=[], description="metric")
+        self.metric_select.observe(lambda _: self._render_chart(), "value")
+        self.per_rank = w.Checkbox(value=False, description="per rank", indent=False)
+        self.per_rank.observe(lambda _: self._render_chart(), "value")
+        self.chart = w.HTML()
+        self.chart_box = w.VBox([w.HBox([self.metric_select, self.per_rank]), self.chart],
+                                layout=_hidden())  # fmt: skip
         self.cancel_button = w.Button(description="Cancel", icon="stop", button_style="danger")
         self.cancel_button.on_click(lambda _: self.cancel())
-        super().__init__([self.header, self.reasons, self.log_pane, self.cancel_button])
+        super().__init__([self.header, self.reasons, self.chart_box, self.rank_select,
+                          self.log_pane, self.cancel_button])  # fmt: skip
         self._decoder = cells.MessageDecoder()
         self._offset = 0
+        self._lines: collections.deque[tuple[int | None, str]] = collections.deque(
+            maxlen=_KEPT_LINES
+        )
+        # metric -> rank -> [(step, value)]
+        self._series: dict[str, dict[int | None, Points]] = {}
+        self._metrics_after = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.update(job.info)
@@ -75,19 +108,63 @@ class JobMonitor(w.VBox):
         self._render()
 
     def add_lines(self, lines: Sequence[contracts.LogLine]) -> None:
-        """Append output lines (relayed cell messages as their text) to the tail."""
-        texts = []
+        """Append output lines (relayed cell messages as their text) to the tail;
+        a gang's lines show as ``[rank] text``."""
+        added = False
+        ranks = set(self.ranks)
         for line in lines:
             if line.offset < self._offset:
                 continue
             self._offset = line.offset + 1
             text = cells.log_text(line, self._decoder)
             if text is not None:
-                texts.extend(text.splitlines() or [""])
-        if texts:
-            self.log_tail = (self.log_tail + texts)[-self.tail_lines :]
-            self.log_pane.value = "<pre style='margin:0'>" + html.escape("\n".join(self.log_tail))
-            self.log_pane.value += "</pre>"
+                self._lines.extend((line.rank, t) for t in text.splitlines() or [""])
+                added = True
+                if line.rank is not None:
+                    ranks.add(line.rank)
+        if len(ranks) != len(self.ranks):
+            self.ranks = sorted(ranks)
+            self.rank_select.options = [("all ranks", _ALL_RANKS)] + [
+                (f"rank {r}", r) for r in self.ranks
+            ]
+            self.rank_select.layout.display = None
+        if added:
+            self._render_tail()
+
+    def add_points(self, points: Sequence[contracts.StoredMetricPoint]) -> None:
+        """Add training metric points to the chart (a point seen twice counts once)."""
+        names = list(self.metric_names)
+        for p in points:
+            if p.seq <= self._metrics_after:
+                continue
+            self._metrics_after = p.seq
+            x = float(p.step if p.step is not None else p.seq)
+            for name, value in p.metrics.items():
+                if name not in self._series:
+                    self._series[name] = {}
+                    names.append(name)
+                series = self._series[name].setdefault(p.rank, [])
+                series.append((x, value))
+                if len(series) > _KEPT_POINTS:
+                    del series[1::2]  # thin out: keep the shape, bound the memory
+        if names != list(self.metric_names):
+            self.metric_names = names
+            current = self.metric_select.value
+            self.metric_select.options = names
+            self.metric_select.value = current if current in names else _default_metric(names)
+            self.chart_box.layout.display = None
+        self._render_chart()
+
+    def series(self, metric: str, *, per_rank: bool = False) -> dict[str, Points]:
+        """What the chart draws for ``metric``: label -> ``[(step, value)]``. The
+        main line is rank 0's (or the only rank's); ``per_rank`` draws every rank."""
+        by_rank = self._series.get(metric, {})
+        if not by_rank:
+            return {}
+        if per_rank:
+            return {_rank_label(r): pts for r, pts in sorted(by_rank.items(), key=_rank_order)}
+        main = 0 if 0 in by_rank else sorted(by_rank, key=lambda r: (r is not None, r or 0))[0]
+        return {metric: by_rank[main]}
 
     def cancel(self) -> None:
         """The cancel button: cancel the job (nothing happens once it ended)."""
@@ -113,16 +190,48 @@ class JobMonitor(w.VBox):
 
     def _follow(self) -> None:
         conn = self.job.connection
+        charts = self.job.info.spec.kind in _METRIC_KINDS
         try:
             while not self._stop.is_set():
                 page = conn.logs(self.job.id, self._offset, wait=_RUNNING_HOLD_SECONDS)
                 self.add_lines(page.lines)
                 self._offset = max(self._offset, page.next_offset)
+                if charts:
+                    self._fetch_points()
                 self.update(conn.job(self.job.id))
                 if page.complete and self.job.info.state.terminal:
+                    if charts:
+                        self._fetch_points()  # the last points, stored before the end
                     return
         except errors.GpulayerError as e:  # a background thread: show it, do not raise
             self.reasons.value = f"<i>monitor stopped: {html.escape(e.message)}</i>"
+
+    def _fetch_points(self) -> None:
+        while True:
+            page = self.job.connection.metrics(self.job.id, self._metrics_after)
+            self.add_points(page.points)
+            if not page.points:
+                return
+
+    def _render_tail(self) -> None:
+        only = self.rank_select.value
+        show_rank = bool(self.ranks) and only == _ALL_RANKS
+        texts = [
+            f"[{r}] {t}" if show_rank and r is not None else t
+            for r, t in self._lines
+            if only == _ALL_RANKS or r == only
+        ]
+        self.log_tail = texts[-self.tail_lines :]
+        self.log_pane.value = "<pre style='margin:0'>" + html.escape("\n".join(self.log_tail))
+        self.log_pane.value += "</pre>"
+
+    def _render_chart(self) -> None:
+        metric = self.metric_select.value
+        self.chart.value = (
+            ""
+            if not metric
+            else svg_chart(self.series(metric, per_rank=self.per_rank.value), title=metric)
+        )
 
     def _render(self) -> None:
         info = self.job.info
@@ -150,6 +259,69 @@ class JobMonitor(w.VBox):
             self.remove_class(f"gpulayer-{s}")
         if style:
             self.add_class(f"gpulayer-{style}")
+
+
+def _hidden() -> w.Layout:
+    return w.Layout(display="none")
+
+
+def _default_metric(names: Sequence[str]) -> str:
+    """The metric a chart opens on: a training loss when there is one."""
+    for want in ("train/loss", "train/loss_step", "loss"):
+        if want in names:
+            return want
+    losses = [n for n in names if "loss" in n]
+    return (losses or list(names))[0]
+
+
+def _rank_label(rank: int | None) -> str:
+    return "all ranks" if rank is None else f"rank {rank}"
+
+
+def _rank_order(item: tuple[int | None, object]) -> tuple[bool, int]:
+    return (item[0] is not None, item[0] or 0)
+
+
+def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "") -> str:
+    """Lines over steps as an inline SVG (no plotting library): one polyline per
+    series, the value range on the left, the step range below, a legend."""
+    points = [(x, y) for pts in series.values() for x, y in pts if math.isfinite(y)]
+    if not points:
+        return f"<i>{html.escape(title)}: no points yet</i>"
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def at(x: float, y: float) -> str:
+        px = _PAD + (x - x0) / (x1 - x0) * (_W - 2 * _PAD)
+        py = _H - _PAD / 2 - (y - y0) / (y1 - y0) * (_H - _PAD)
+        return f"{px:.1f},{py:.1f}"
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}"'
+        f' height="{_H + 20 + 14 * ((len(series) - 1) // 3)}"'
+        f' class="gpulayer-chart" role="img"><title>{html.escape(title)}</title>',
+        f'<rect x="{_PAD}" y="{_PAD / 2}" width="{_W - 2 * _PAD}" height="{_H - _PAD}"'
+        ' fill="none" stroke="#ccc"/>',
+        f'<text x="2" y="{_PAD / 2 + 10}" font-size="10">{y1:.4g}</text>',
+        f'<text x="2" y="{_H - _PAD / 2}" font-size="10">{y0:.4g}</text>',
+        f'<text x="{_PAD}" y="{_H + 2}" font-size="10">step {x0:.0f}</text>',
+        f'<text x="{_W - _PAD}" y="{_H + 2}" font-size="10" text-anchor="end">{x1:.0f}</text>',
+    ]
+    for i, (label, pts) in enumerate(series.items()):
+        color = _COLORS[i % len(_COLORS)]
+        coords = " ".join(at(x, y) for x, y in pts if math.isfinite(y))
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5"'
+                     f' data-label="{html.escape(label)}" points="{coords}"/>')  # fmt: skip
+        last = pts[-1][1] if pts else float("nan")
+        x, y = _PAD + 4 + 150 * (i % 3), _H + 16 + 14 * (i // 3)
+        parts.append(f'<text x="{x}" y="{y}" font-size="11" fill="{color}">'
+                     f"{html.escape(label)}: {last:.4g}</text>")  # fmt: skip
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 class WorkersTable(w.VBox):

@@ -157,3 +157,70 @@ def test_plain_text_outside_a_notebook():
     job = Job(conn_for(lambda r: None), info("running", worker_name="gpu-box-1"))
     bundle = job._repr_mimebundle_()
     assert bundle == {"text/plain": "job j1 (cell) running, on gpu-box-1"}
+
+
+def point(seq, step, rank, **metrics) -> contracts.StoredMetricPoint:
+    return contracts.StoredMetricPoint(seq=seq, step=step, rank=rank, ts=NOW, metrics=metrics)
+
+
+def test_a_gang_monitor_filters_the_log_by_rank_and_charts_metrics_per_rank(recording):
+    from gpulayer.widgets import JobMonitor
+
+    spec = contracts.JobSpec(kind="distributed", command=["python", "t.py"], nodes=2)
+    mon = JobMonitor(Job(conn_for(lambda r: None), info("running", spec=spec)))
+    assert mon.rank_select.layout.display == "none" and mon.chart_box.layout.display == "none"
+    mon.add_lines([
+        contracts.LogLine(offset=i, stream="stdout", ts=NOW, text=f"step {i // 2}", rank=i % 2)
+        for i in range(4)
+    ] + [contracts.LogLine(offset=4, stream="system", ts=NOW, text="started on w1")])  # fmt: skip
+    assert mon.ranks == [0, 1] and mon.rank_select.layout.display is None
+    assert mon.log_tail == ["[0] step 0", "[1] step 0", "[0] step 1", "[1] step 1",
+                            "started on w1"]  # fmt: skip
+    mon.rank_select.value = 1
+    assert mon.log_tail == ["step 0", "step 1"]
+    assert "step 1" in mon.log_pane.value and "[0]" not in mon.log_pane.value
+
+    mon.add_points([point(1, 10, 0, **{"train/acc": 0.5, "train/loss": 2.0}),
+                    point(2, 10, 1, **{"train/acc": 0.4, "train/loss": 2.2}),
+                    point(3, 20, 0, **{"train/acc": 0.7, "train/loss": 1.0}),
+                    point(4, 20, 1, **{"train/acc": 0.6, "train/loss": 1.2})])  # fmt: skip
+    mon.add_points([point(3, 20, 0, **{"train/loss": 9.0})])  # seen already: ignored
+    assert mon.metric_names == ["train/acc", "train/loss"]
+    assert mon.metric_select.value == "train/loss"  # the loss first, whatever came first
+    assert mon.chart_box.layout.display is None
+    assert mon.series("train/loss") == {"train/loss": [(10.0, 2.0), (20.0, 1.0)]}  # rank 0
+    assert mon.chart.value.count("<polyline") == 1 and "train/loss: 1" in mon.chart.value
+    mon.per_rank.value = True
+    assert list(mon.series("train/loss", per_rank=True)) == ["rank 0", "rank 1"]
+    assert mon.chart.value.count("<polyline") == 2 and 'data-label="rank 1"' in mon.chart.value
+    mon.metric_select.value = "train/acc"
+    assert "train/acc" in mon.chart.value and "rank 1: 0.6" in mon.chart.value
+    sent = [d["state"] for t, d in recording if t == "comm_msg" and d.get("method") == "update"]
+    assert any("<svg" in s.get("value", "") for s in sent)  # the frontend got the chart
+
+
+def test_follow_fetches_the_metrics_of_a_training_job():
+    from gpulayer.widgets import JobMonitor
+
+    spec = contracts.JobSpec(command=["python", "train.py"])
+    served = {"logs": 0}
+
+    def handler(request):
+        path = request.url.path
+        if path.endswith("/logs"):
+            served["logs"] += 1
+            page = contracts.LogPage(lines=[], next_offset=0, complete=served["logs"] > 1)
+            return httpx.Response(200, content=page.model_dump_json().encode())
+        if path.endswith("/metrics"):
+            after = int(request.url.params["after"])
+            pts = [point(s, s * 5, 0, **{"train/loss": 1 / s}) for s in (1, 2, 3) if s > after]
+            page = contracts.MetricPage(points=pts, next_after=3, complete=True)
+            return httpx.Response(200, content=page.model_dump_json().encode())
+        state = "succeeded" if served["logs"] > 1 else "running"
+        return httpx.Response(200, content=info(state, spec=spec).model_dump_json().encode())
+
+    mon = JobMonitor(Job(conn_for(handler), info("running", spec=spec)), follow=True)
+    mon._thread.join(10)
+    assert not mon._thread.is_alive() and mon.state == "succeeded"
+    assert mon.series("train/loss") == {"train/loss": [(5.0, 1.0), (10.0, 0.5), (15.0, 1 / 3)]}
+    assert "<polyline" in mon.chart.value
