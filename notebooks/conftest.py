@@ -4,8 +4,9 @@ nbval starts a notebook's kernel when the notebook's first cell is set up, befor
 any fixture runs, so the cluster starts in a ``pytest_runtest_setup`` hook that runs
 first: a control plane and one local worker (two simulated GPUs) under a temporary
 directory, with ``GPULAYER_URL`` and ``GPULAYER_TOKEN`` exported for the kernels
-(``%load_ext gpulayer`` and ``gl.connect()`` find them there). It stops when the
-session ends.
+(``%load_ext gpulayer`` and ``gl.connect()`` find them there), and
+``GPULAYER_EXAMPLES_TINY=1`` so that the training examples run on tiny settings.
+It stops when the session ends.
 """
 
 import os
@@ -33,6 +34,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         GPULAYER_URL=_cluster.url,
         GPULAYER_TOKEN=_cluster.admin_token,
         GPULAYER_CONFIG=str(Path(_tmp.name) / "no-saved-connection.json"),
+        GPULAYER_EXAMPLES_TINY="1",  # the training examples take a few steps, not minutes
     )
 
 

@@ -87,13 +87,16 @@ class CharTransformer(Module):
         return ids
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None, text: str | None = None) -> str:
+    """Train and sample; ``text`` is the corpus (default: the file that ships beside
+    this script), so a remote call can bring it along."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a few steps, for tests")
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    text = TEXT.read_text(encoding="utf-8")
+    if text is None:
+        text = TEXT.read_text(encoding="utf-8")
     chars = sorted(set(text))
     encode = {c: i for i, c in enumerate(chars)}
     ids = torch.tensor([encode[c] for c in text])
