@@ -136,7 +136,7 @@ export interface IJobList {
   jobs: IJob[];
 }
 
-/** What a user submits. A ``command`` job gives exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives ``function`` and runs in one of the worker's warm Python runners; a ``cell`` job gives ``cell`` and a ``session`` job ``session`` (both run in headless Jupyter kernels; a cell in a session ignores ``resources``). */
+/** What a user submits. A ``command`` job gives exactly one of ``command`` (an argv list, run without a shell) or ``shell`` (a string run by ``/bin/sh -c``); a ``function`` job gives ``function`` and runs in one of the worker's warm Python runners; a ``distributed`` job gives ``command``, ``shell`` or a one-call ``function`` and runs it on every rank of a gang of ``nodes`` x ``nproc_per_node``; a ``cell`` job gives ``cell`` and a ``session`` job ``session`` (both run in headless Jupyter kernels; a cell in a session ignores ``resources``). */
 export interface IJobSpec {
   api_version: 'gpulayer.dev/v1alpha1';
   kind: JobKind;
