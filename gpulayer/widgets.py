@@ -157,13 +157,16 @@ class JobMonitor(w.VBox):
 
     def series(self, metric: str, *, per_rank: bool = False) -> dict[str, Points]:
         """What the chart draws for ``metric``: label -> ``[(step, value)]``. The
-        main line is rank 0's (or the only rank's); ``per_rank`` draws every rank."""
+        main line is the reduced one (points without a rank, from
+        ``Trainer(log_rank_metrics=True)``), else rank 0's, else the lowest rank's;
+        ``per_rank`` draws every rank that reported its own values."""
         by_rank = self._series.get(metric, {})
         if not by_rank:
             return {}
-        if per_rank:
-            return {_rank_label(r): pts for r, pts in sorted(by_rank.items(), key=_rank_order)}
-        main = 0 if 0 in by_rank else sorted(by_rank, key=lambda r: (r is not None, r or 0))[0]
+        ranked = sorted((r, pts) for r, pts in by_rank.items() if r is not None)
+        if per_rank and ranked:
+            return {f"rank {r}": pts for r, pts in ranked}
+        main = None if None in by_rank else 0 if 0 in by_rank else ranked[0][0]
         return {metric: by_rank[main]}
 
     def cancel(self) -> None:
@@ -272,14 +275,6 @@ def _default_metric(names: Sequence[str]) -> str:
             return want
     losses = [n for n in names if "loss" in n]
     return (losses or list(names))[0]
-
-
-def _rank_label(rank: int | None) -> str:
-    return "all ranks" if rank is None else f"rank {rank}"
-
-
-def _rank_order(item: tuple[int | None, object]) -> tuple[bool, int]:
-    return (item[0] is not None, item[0] or 0)
 
 
 def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "") -> str:

@@ -21,6 +21,7 @@ A sink is anything with ``write(record)`` and ``close()``.
 """
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -41,11 +42,12 @@ Number = torch.Tensor | float | int
 
 @dataclass(frozen=True)
 class MetricRecord:
-    """The metrics of one log point, already reduced over ranks."""
+    """The metrics of one log point: reduced over ranks, or one rank's own values
+    (``Trainer(log_rank_metrics=True)``; the reduced record then has ``rank=None``)."""
 
     step: int
     epoch: int
-    rank: int
+    rank: int | None
     metrics: dict[str, float]
     ts: float = field(default_factory=time.time)
 
@@ -176,18 +178,24 @@ class MetricCollector:
             entry.epoch_total = _accumulate(entry, value, weight)
             entry.epoch_weight += weight
 
-    def read_step(self, runtime: Runtime) -> dict[str, float]:
-        """The step values logged since the last call, reduced over ranks."""
+    def read_step(
+        self, runtime: Runtime, local: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """The step values logged since the last call, reduced over ranks (and, into
+        ``local`` when given, this rank's own values)."""
         values = {}
         for name, entry in self.entries.items():
             if entry.fresh:
                 key = f"{name}_step" if entry.on_epoch else name
                 values[key] = (entry.step_value, entry.reduce)
                 entry.fresh = False
-        return _reduce(values, runtime)
+        return _reduce(values, runtime, local)
 
-    def read_epoch(self, runtime: Runtime) -> dict[str, float]:
-        """The epoch aggregates, reduced over ranks; then forget them."""
+    def read_epoch(
+        self, runtime: Runtime, local: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """The epoch aggregates, reduced over ranks (and, into ``local`` when given,
+        this rank's own); then forget them."""
         values: dict[str, tuple[Number | None, str]] = {}
         weights: dict[str, tuple[Number | None, str]] = {}
         for name, entry in self.entries.items():
@@ -198,10 +206,15 @@ class MetricCollector:
                 if entry.reduce == "mean":
                     weights[key] = (entry.epoch_weight, "sum")
         # A weighted mean over ranks is sum(totals) / sum(weights): one reduction.
-        merged = _reduce({**values, **{f"\0{k}": v for k, v in weights.items()}}, runtime)
+        mine: dict[str, float] | None = None if local is None else {}
+        merged = _reduce({**values, **{f"\0{k}": v for k, v in weights.items()}}, runtime, mine)
         out = {k: merged[k] for k in values}
         for key in weights:
             out[key] = out[key] / merged[f"\0{key}"]
+        if local is not None and mine is not None:
+            local.update({k: mine[k] for k in values})
+            for key in weights:
+                local[key] = local[key] / mine[f"\0{key}"] if mine[f"\0{key}"] else math.nan
         self.reset()
         return out
 
@@ -233,8 +246,13 @@ def _device_of(*values: Number) -> torch.device:
     return torch.device("cpu")
 
 
-def _reduce(values: dict[str, tuple[Number | None, str]], runtime: Runtime) -> dict[str, float]:
-    """Reduce named scalars over ranks, one all-reduce per op, one host copy per op.
+def _reduce(
+    values: dict[str, tuple[Number | None, str]],
+    runtime: Runtime,
+    local: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """Reduce named scalars over ranks, one all-reduce per op, one host copy per op
+    (two when ``local`` asks for this rank's own values too).
 
     Every rank must log the same names, or the collectives would not match.
     """
@@ -247,8 +265,12 @@ def _reduce(values: dict[str, tuple[Number | None, str]], runtime: Runtime) -> d
             not isinstance(values[n][0], torch.Tensor) for n in names
         ):
             out.update({n: float(values[n][0]) for n in names})  # type: ignore[arg-type]
+            if local is not None:
+                local.update({n: out[n] for n in names})
             continue
         stacked = _stack([values[n][0] for n in names], runtime.device)
+        if local is not None:
+            local.update(zip(names, stacked.tolist(), strict=True))
         runtime.all_reduce(stacked, op)
         out.update(zip(names, stacked.tolist(), strict=True))
     return out

@@ -89,6 +89,11 @@ class Trainer:
         (main rank), are always there.
     find_unused_parameters
         Passed to ``DistributedDataParallel``.
+    log_rank_metrics
+        In a distributed run, every rank also writes its own (unreduced) values at
+        each log point to ``$GPULAYER_METRICS_FILE``, as records with its ``rank``;
+        the reduced record then carries ``rank=None``. The job widget's "per rank"
+        box draws them. Costs one more host copy per log point; off by default.
 
     Attributes
     ----------
@@ -121,6 +126,7 @@ class Trainer:
         enable_progress_bar: bool = True,
         metric_sinks: Iterable[MetricSink] = (),
         find_unused_parameters: bool = False,
+        log_rank_metrics: bool = False,
     ) -> None:
         if max_epochs is None and max_steps < 0:
             raise ValueError("set max_epochs or max_steps (or both)")
@@ -139,6 +145,7 @@ class Trainer:
         self.log_every_n_steps = log_every_n_steps
         self.default_root_dir = Path(default_root_dir or os.getcwd())
         self.find_unused_parameters = find_unused_parameters
+        self.log_rank_metrics = log_rank_metrics
         self.callbacks: list[Callback] = list(callbacks)
         if enable_progress_bar and not any(isinstance(cb, ProgressBar) for cb in self.callbacks):
             self.callbacks.append(ProgressBar())
@@ -172,6 +179,7 @@ class Trainer:
         self._collectors = {k: MetricCollector() for k in ("train", "validation", "test")}
         self.active_metrics = self._collectors["train"]
         self._sinks: list[MetricSink] = []
+        self._rank_sink: JsonlSink | None = None  # log_rank_metrics: this rank's records
         self._precision: Precision | None = None
         self._ddp: DistributedDataParallel | None = None
         self._micro = 0
@@ -299,6 +307,9 @@ class Trainer:
         jsonl = JsonlSink.from_env() if self.runtime.is_main else None
         if jsonl is not None:
             self._sinks.append(jsonl)
+        self._rank_sink = None
+        if self.log_rank_metrics and self.runtime.is_distributed:
+            self._rank_sink = jsonl or JsonlSink.from_env()
         dispatch(self, "setup", stage)
         try:
             yield
@@ -309,6 +320,8 @@ class Trainer:
             dispatch(self, "teardown", stage)
             for sink in self._sinks:
                 sink.close()
+            if self._rank_sink is not None:
+                self._rank_sink.close()  # a no-op when it is the main rank's file
             self.stage = None
 
     def _wrap(self, module: Module) -> None:
@@ -356,7 +369,7 @@ class Trainer:
             dispatch(self, "on_train_batch_end", outputs, batch, batch_idx)
             self.batches_done = batch_idx + 1
             if stepped and self.global_step % self.log_every_n_steps == 0:
-                self._report(collector.read_step(self.runtime))
+                self._log_point(collector, step=True)
             self.epoch_finished = is_last
             if val_loader is not None and validate_epoch and due(val_every, batch_idx, is_last):
                 self._validate_in_fit(val_loader)
@@ -433,14 +446,14 @@ class Trainer:
         assert self.runtime is not None
         # An epoch end is a log point: the last step values not yet reported, and the
         # epoch aggregates.
-        self._report({**collector.read_step(self.runtime), **collector.read_epoch(self.runtime)})
+        self._log_point(collector, step=True, epoch=True)
         sched = self.lr_scheduler
         due = sched is not None and (self.current_epoch + 1) % sched["frequency"] == 0
         if self.epoch_finished and due and sched["interval"] == "epoch":
             self._scheduler_step(sched)
         dispatch(self, "on_train_epoch_end")
         # Whatever the module logged in its own on_train_epoch_end.
-        self._report(collector.read_epoch(self.runtime))
+        self._log_point(collector, epoch=True)
         if self.epoch_finished:
             # The position is now "start of the next epoch", for checkpoints saved after.
             self.current_epoch += 1
@@ -489,8 +502,7 @@ class Trainer:
         self.active_metrics = collector = self._collectors[kind]
         collector.reset()
         self._loop(kind, step, loader, keep=False)
-        metrics = collector.read_epoch(self.runtime)
-        self._report(metrics)
+        metrics = self._log_point(collector, epoch=True)
         dispatch(self, f"on_{kind}_end")
         return metrics
 
@@ -519,8 +531,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ reporting
 
-    def _report(self, metrics: dict[str, float]) -> None:
-        """A log point: update the metric dicts and hand a record to every sink."""
+    def _log_point(
+        self, collector: MetricCollector, *, step: bool = False, epoch: bool = False
+    ) -> dict[str, float]:
+        """Read what ``collector`` holds (step values, epoch aggregates), reduced over
+        ranks, and report it; answers the reduced metrics."""
+        assert self.runtime is not None
+        local = {} if self._rank_sink is not None else None
+        metrics: dict[str, float] = {}
+        if step:
+            metrics.update(collector.read_step(self.runtime, local))
+        if epoch:
+            metrics.update(collector.read_epoch(self.runtime, local))
+        self._report(metrics, local)
+        return metrics
+
+    def _report(self, metrics: dict[str, float], local: dict[str, float] | None = None) -> None:
+        """A log point: update the metric dicts and hand a record to every sink (and
+        this rank's own values to its file, with ``log_rank_metrics``)."""
         if not metrics:
             return
         assert self.runtime is not None
@@ -532,9 +560,13 @@ class Trainer:
                     self.callback_metrics[key[: -len(suffix)]] = value
         shown = set().union(*(c.prog_bar for c in self._collectors.values()))
         self.progress_bar_metrics.update({k: v for k, v in metrics.items() if k in shown})
-        record = MetricRecord(self.global_step, self.current_epoch, self.runtime.rank, metrics)
+        rank = None if local is not None else self.runtime.rank
+        record = MetricRecord(self.global_step, self.current_epoch, rank, metrics)
         for sink in self._sinks:
             sink.write(record)
+        if local and self._rank_sink is not None:
+            mine = MetricRecord(self.global_step, self.current_epoch, self.runtime.rank, local)
+            self._rank_sink.write(mine)
 
     # ------------------------------------------------------------------ checkpoints
 

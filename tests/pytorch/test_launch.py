@@ -102,3 +102,49 @@ def test_a_failing_rank_raises_in_the_caller_with_its_traceback() -> None:
         launch(_rank_one_fails, nproc_per_node=2, start_method="fork")  # fork: no torch import
     assert info.value.rank == 1
     assert "_rank_one_fails" in info.value.remote_traceback
+
+
+class RankLoss(Module):
+    """Logs a loss that differs by rank: rank r reports r + 1 at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train/own", torch.tensor(float(self.trainer.runtime.rank + 1)))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _fit_with_rank_metrics(path: str) -> int:
+    import os
+
+    os.environ["GPULAYER_METRICS_FILE"] = path
+    runtime = Runtime.from_env(devices="cpu")
+    runtime.init()
+    data = _data(32)
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
+    trainer = Trainer(max_steps=2, log_every_n_steps=1, devices="cpu",
+                      enable_progress_bar=False, log_rank_metrics=True)  # fmt: skip
+    trainer.fit(RankLoss(), loader)
+    return trainer.global_step
+
+
+def test_log_rank_metrics_writes_every_ranks_own_values_beside_the_reduced_ones(tmp_path):
+    import json
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # see the DDP test
+    path = tmp_path / "metrics.jsonl"
+    assert launch(_fit_with_rank_metrics, str(path), nproc_per_node=2, start_method="fork") == 2
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    at_step = {}
+    for r in records:
+        if "train/own" in r["metrics"]:
+            at_step.setdefault(r["step"], {})[r["rank"]] = r["metrics"]["train/own"]
+    # Each step: rank 0 says 1, rank 1 says 2, and the reduced record (rank None) the mean.
+    assert at_step == {1: {None: 1.5, 0: 1.0, 1: 2.0}, 2: {None: 1.5, 0: 1.0, 1: 2.0}}

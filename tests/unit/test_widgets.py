@@ -197,6 +197,12 @@ def test_a_gang_monitor_filters_the_log_by_rank_and_charts_metrics_per_rank(reco
     assert "train/acc" in mon.chart.value and "rank 1: 0.6" in mon.chart.value
     sent = [d["state"] for t, d in recording if t == "comm_msg" and d.get("method") == "update"]
     assert any("<svg" in s.get("value", "") for s in sent)  # the frontend got the chart
+    # Trainer(log_rank_metrics=True): the reduced points (no rank) are the main line.
+    mon.add_points(
+        [point(5, 30, None, **{"train/acc": 0.8}), point(6, 30, 0, **{"train/acc": 0.9})]
+    )
+    assert mon.series("train/acc") == {"train/acc": [(30.0, 0.8)]}
+    assert list(mon.series("train/acc", per_rank=True)) == ["rank 0", "rank 1"]
 
 
 def test_follow_fetches_the_metrics_of_a_training_job():
