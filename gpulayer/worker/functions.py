@@ -321,9 +321,10 @@ class RunnerPool:
     async def _trim(self) -> None:
         """Close the longest-idle runners beyond ``max_idle`` runners in all."""
         idle = sorted((r for rs in self._idle.values() for r in rs), key=lambda r: r.idle_since)
-        for runner in idle[: max(0, len(idle) + len(self._busy) - self.max_idle)]:
-            self._idle[runner.key].remove(runner)
-            await runner.close()
+        surplus = idle[: max(0, len(idle) + len(self._busy) - self.max_idle)]
+        for runner in surplus:  # all out of the pool before the first await: another
+            self._idle[runner.key].remove(runner)  # trim (a spare, a give_back) may run then
+        await asyncio.gather(*(r.close() for r in surplus), return_exceptions=True)
 
     def _retire_stale(self) -> None:
         now = time.monotonic()

@@ -162,3 +162,22 @@ def test_a_raised_exception_is_not_retried_by_default(tmp_path):
 def test_pool_key_includes_the_job_env():
     a, _ = _assignment(lambda: 1, gpus=(0,), env={"B": "2", "A": "1"})
     assert key_for(a) == ((0,), (("A", "1"), ("B", "2")))
+
+
+def test_trims_that_overlap_close_each_surplus_runner_once(tmp_path):
+    # Spares and give_backs trim the pool concurrently (a busy .map does this): each
+    # surplus runner must leave the pool once, never "list.remove(x): x not in list".
+    async def main():
+        pool = RunnerPool(dict(os.environ), max_idle=3, prestart=0)
+        try:
+            runners = await asyncio.gather(*(pool.take(pool.PLAIN) for _ in range(3)))
+            for r in runners:
+                await pool.give_back(r)
+            pool.max_idle = 0
+            await asyncio.gather(pool._trim(), pool._trim())
+            return pool.idle_count(), [r.alive for r in runners]
+        finally:
+            await pool.close()
+
+    left, alive = asyncio.run(main())
+    assert left == 0 and alive == [False, False, False]
