@@ -32,6 +32,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     c.ArtifactList,
     c.WorkerList,
     c.Telemetry,
+    c.MetricPage,
     c.Placement,
     c.ErrorBody,
 )

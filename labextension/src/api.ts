@@ -15,6 +15,7 @@ import {
   IJob,
   IJobList,
   ILogPage,
+  IMetricPage,
   IPlacement,
   ITelemetry,
   IWorkerList,
@@ -57,6 +58,8 @@ export interface IGpulayerAPI {
   placement(id: string): Promise<IPlacement>;
   workers(): Promise<IWorkerList>;
   telemetry(worker: string): Promise<ITelemetry>;
+  /** Training metric points with `seq` after `after` (a page; ask again for more). */
+  metrics(id: string, after: number): Promise<IMetricPage>;
 }
 
 export namespace IGpulayerAPI {
@@ -214,5 +217,9 @@ export class GpulayerAPI implements IGpulayerAPI {
 
   telemetry(worker: string): Promise<ITelemetry> {
     return this.get<ITelemetry>(`workers/${seg(worker)}/telemetry`);
+  }
+
+  metrics(id: string, after: number): Promise<IMetricPage> {
+    return this.get<IMetricPage>(`jobs/${seg(id)}/metrics${query({ after })}`);
   }
 }

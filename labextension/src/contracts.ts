@@ -191,6 +191,15 @@ export interface ILogPage {
 export type LogStream = 'stdout' | 'stderr' | 'system' | 'iopub';
 export const LOG_STREAMS: readonly LogStream[] = ['stdout', 'stderr', 'system', 'iopub'];
 
+/** Points with ``seq`` greater than ``after``; ask again with ``after=next_after``. */
+export interface IMetricPage {
+  api_version: string;
+  points: IStoredMetricPoint[];
+  next_after: number;
+  /** the job ended and every point is stored */
+  complete: boolean;
+}
+
 /** Why a job runs where it does, or why it waits (``GET jobs/{id}/placement``). */
 export interface IPlacement {
   api_version: string;
@@ -230,6 +239,17 @@ export interface ISessionSpec {
   name: string;
   /** seconds or '30m'; default: the control plane's session_idle_seconds */
   idle_timeout: number | null;
+}
+
+/** A stored point; ``seq`` numbers a job's points from 1, in arrival order. */
+export interface IStoredMetricPoint {
+  seq: number;
+  task_id: string | null;
+  step: number | null;
+  epoch: number | null;
+  rank: number | null;
+  ts: string;
+  metrics: { [key: string]: number };
 }
 
 /** One attempt of a job placed on one worker. */

@@ -13,6 +13,7 @@ import type {
   IArtifact,
   IJob,
   ILogLine,
+  IStoredMetricPoint,
   ITelemetry,
   IWorker,
   JobState
@@ -398,6 +399,60 @@ export function jobSeries(
   return { x, series: series.filter(s => s.values.some(v => v !== null)) };
 }
 
+/** The jobs whose tasks ship training metric points. */
+const METRIC_KINDS = ['command', 'distributed'];
+
+/**
+ * Training metrics over steps: one series per metric name. The line of each is
+ * the reduced one (points without a rank, from `Trainer(log_rank_metrics=True)`),
+ * else rank 0's, else the lowest rank's; with `perRank`, one series per rank of
+ * `metric` instead. x is the step (the point's `seq` when it has none).
+ */
+export function trainingSeries(
+  points: IStoredMetricPoint[],
+  options: { perRank?: boolean; metric?: string } = {}
+): ISeriesSet {
+  const ranks = [...new Set(points.map(p => p.rank))];
+  const numbered = ranks.filter((r): r is number => r !== null).sort((a, b) => a - b);
+  const main = ranks.includes(null) ? null : numbered.includes(0) ? 0 : numbered[0] ?? null;
+  const stepOf = (p: IStoredMetricPoint) => p.step ?? p.seq;
+  const lines: { label: string; pick: (p: IStoredMetricPoint) => number | null }[] = [];
+  if (options.perRank && options.metric) {
+    const name = options.metric;
+    for (const r of numbered) {
+      lines.push({ label: `${name} rank ${r}`, pick: p => (p.rank === r ? p.metrics[name] ?? null : null) });
+    }
+  } else {
+    const names: string[] = [];
+    for (const p of points) {
+      if (p.rank === main) {
+        for (const k of Object.keys(p.metrics)) {
+          if (!names.includes(k)) {
+            names.push(k);
+          }
+        }
+      }
+    }
+    for (const name of names) {
+      lines.push({ label: name, pick: p => (p.rank === main ? p.metrics[name] ?? null : null) });
+    }
+  }
+  // One x per step; a step's value is the last point of that step with one.
+  const x = [...new Set(points.map(stepOf))].sort((a, b) => a - b);
+  const at = new Map(x.map((s, i) => [s, i]));
+  const series = lines.map(line => {
+    const values: (number | null)[] = x.map(() => null);
+    for (const p of points) {
+      const v = line.pick(p);
+      if (v !== null && v !== undefined) {
+        values[at.get(stepOf(p))!] = v;
+      }
+    }
+    return { label: line.label, unit: '', values };
+  });
+  return { x, series: series.filter(s => s.values.some(v => v !== null)) };
+}
+
 /** One job: its state, pending reasons, artifacts and charts, until it ends. */
 export class JobModel {
   constructor(options: JobModel.IOptions) {
@@ -421,6 +476,10 @@ export class JobModel {
   job: IJob | null = null;
   artifacts: IArtifact[] = [];
   chart: ISeriesSet = { x: [], series: [] };
+  /** The training metrics over steps (a Trainer's log points), as they arrive. */
+  training: ISeriesSet = { x: [], series: [] };
+  /** Every training metric point read so far, oldest first. */
+  points: IStoredMetricPoint[] = [];
   problem: IProblem | null = null;
   cancelling = false;
 
@@ -446,6 +505,9 @@ export class JobModel {
         if (fresh.x.length || !this.chart.x.length) {
           this.chart = fresh;
         }
+      }
+      if (METRIC_KINDS.includes(job.spec.kind)) {
+        await this._readPoints();
       }
       this.problem = null;
       this._changed.emit();
@@ -479,6 +541,22 @@ export class JobModel {
   dispose(): void {
     this._poll.dispose();
     Signal.clearData(this);
+  }
+
+  /** The points after the last one read (page by page), then the series again. */
+  private async _readPoints(): Promise<void> {
+    const before = this.points.length;
+    for (;;) {
+      const after = this.points.length ? this.points[this.points.length - 1].seq : 0;
+      const page = await this.api.metrics(this.jobId, after);
+      this.points.push(...page.points);
+      if (!page.points.length || page.next_after <= after) {
+        break;
+      }
+    }
+    if (this.points.length !== before) {
+      this.training = trainingSeries(this.points);
+    }
   }
 
   private _endedRefreshes = 0;

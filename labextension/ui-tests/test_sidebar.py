@@ -10,15 +10,19 @@ from gpulayer.client import Connection
 TIMEOUT_MS = 30_000
 
 # Steps 0-3, then wait (at most 60 s) until the test has seen the job running
-# and creates the gate file, then steps 4-7: no race with a slow machine.
+# and creates the gate file, then steps 4-7: no race with a slow machine. Each
+# step also writes a training metric point, as a Trainer would.
 STEPS = """
-import os, sys, time
+import json, os, sys, time
 for i in range(8):
     if i == 4:
         deadline = time.monotonic() + 60
         while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
             time.sleep(0.05)
     print(f"step {i}", flush=True)
+    with open(os.environ["GPULAYER_METRICS_FILE"], "a") as f:
+        point = {"step": i, "ts": time.time(), "metrics": {"train/loss": 1 / (i + 1)}}
+        f.write(json.dumps(point) + "\\n")
     time.sleep(0.1)
 """
 
@@ -73,7 +77,12 @@ def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar, t
     assert job_state(gl_sidebar.cluster, job.id) == "running"
     expect(gl_sidebar.page.locator(".gpulayer-status-item")).to_have_text("GPUs 1/2")
     # the chart of the task's readings (CPU, memory) is drawn while it runs
-    expect(view.locator(".gpulayer-chart canvas")).to_have_count(1, timeout=TIMEOUT_MS)
+    readings = view.locator("section:not(.gpulayer-training) .gpulayer-chart canvas")
+    expect(readings).to_have_count(1, timeout=TIMEOUT_MS)
+    # and the training metrics it writes get a chart of their own, over steps
+    training = view.locator(".gpulayer-training")
+    expect(training.locator(".gpulayer-chart canvas")).to_have_count(1, timeout=TIMEOUT_MS)
+    expect(training).to_contain_text("train/loss")
     gl_sidebar.screenshot("job-running")
     gate.touch()
     expect(lines.filter(has_text="step 7")).to_have_count(1, timeout=TIMEOUT_MS)

@@ -7,7 +7,9 @@ import type {
   IJob,
   ILogLine,
   ILogPage,
+  IMetricPage,
   IPlacement,
+  IStoredMetricPoint,
   ITelemetry,
   IWorker,
   IWorkerList,
@@ -178,6 +180,15 @@ export class FakeAPI implements IGpulayerAPI {
   async workers(): Promise<IWorkerList> {
     this.maybeFail();
     return { api_version: '', workers: this.workerList };
+  }
+
+  points: IStoredMetricPoint[] = [];
+
+  async metrics(id: string, after: number): Promise<IMetricPage> {
+    this.calls.push(`metrics ${id} ${after}`);
+    const points = this.points.filter(p => p.seq > after).slice(0, 2); // pages of two
+    const next = points.length ? points[points.length - 1].seq : after;
+    return { api_version: '', points, next_after: next, complete: false };
   }
 
   async telemetry(name: string): Promise<ITelemetry> {

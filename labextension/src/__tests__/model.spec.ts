@@ -1,4 +1,5 @@
 import { ApiError } from '../api';
+import type { IStoredMetricPoint } from '../contracts';
 import {
   ClusterModel,
   elapsedSeconds,
@@ -8,7 +9,8 @@ import {
   gpuSummary,
   JobModel,
   jobSeries,
-  LogFollower
+  LogFollower,
+  trainingSeries
 } from '../model';
 import { FakeAPI, job, line, withGpus, worker } from './fake-api';
 
@@ -214,5 +216,73 @@ describe('job charts and JobModel', () => {
     expect(api.calls).toContain('cancel j1');
     expect(model.job?.state).toBe('cancelled');
     model.dispose();
+  });
+});
+
+function point(
+  seq: number,
+  step: number,
+  rank: number | null,
+  metrics: Record<string, number>
+): IStoredMetricPoint {
+  return { seq, step, rank, metrics, epoch: 0, task_id: 't1', ts: '2026-12-02T10:00:01Z' };
+}
+
+describe('training metrics', () => {
+  const points = [
+    point(1, 10, 0, { 'train/loss': 2.0 }),
+    point(2, 10, 1, { 'train/loss': 2.4 }),
+    point(3, 20, 0, { 'train/loss': 1.0, 'val/loss': 1.5 }),
+    point(4, 20, 1, { 'train/loss': 1.2 })
+  ];
+
+  it('draws rank 0 per metric over steps, or every rank of one metric', () => {
+    const main = trainingSeries(points);
+    expect(main.x).toEqual([10, 20]);
+    expect(main.series).toEqual([
+      { label: 'train/loss', unit: '', values: [2.0, 1.0] },
+      { label: 'val/loss', unit: '', values: [null, 1.5] }
+    ]);
+    const perRank = trainingSeries(points, { perRank: true, metric: 'train/loss' });
+    expect(perRank.series.map(s => [s.label, s.values])).toEqual([
+      ['train/loss rank 0', [2.0, 1.0]],
+      ['train/loss rank 1', [2.4, 1.2]]
+    ]);
+    // Reduced points (no rank) are the main line when a Trainer wrote both.
+    const reduced = trainingSeries([...points, point(5, 30, null, { 'train/loss': 0.5 })]);
+    expect(reduced.series).toEqual([{ label: 'train/loss', unit: '', values: [null, null, 0.5] }]);
+  });
+
+  it('reads a training job\'s points page by page, each once', async () => {
+    const api = new FakeAPI();
+    api.jobsById.set(
+      'j1',
+      job('j1', 'running', {
+        spec: { ...job('j1', 'running').spec, kind: 'distributed', nodes: 2 }
+      })
+    );
+    api.points = points.slice(0, 3);
+    const model = new JobModel({ api, jobId: 'j1', auto: false });
+    await model.refresh();
+    expect(model.points.map(p => p.seq)).toEqual([1, 2, 3]);
+    api.points = points;
+    await model.refresh();
+    expect(model.points.map(p => p.seq)).toEqual([1, 2, 3, 4]);
+    expect(model.training.series[0].values).toEqual([2.0, 1.0]);
+    expect(api.calls.filter(c => c.startsWith('metrics'))).toEqual([
+      'metrics j1 0',
+      'metrics j1 2',
+      'metrics j1 3',
+      'metrics j1 3',
+      'metrics j1 4'
+    ]);
+    // A cell job has no metrics file: nothing is asked.
+    const cellApi = new FakeAPI();
+    cellApi.jobsById.set('j2', job('j2', 'running', { spec: { ...job('j2', 'running').spec, kind: 'cell' } }));
+    const cell = new JobModel({ api: cellApi, jobId: 'j2', auto: false });
+    await cell.refresh();
+    expect(cellApi.calls.some(c => c.startsWith('metrics'))).toBe(false);
+    model.dispose();
+    cell.dispose();
   });
 });

@@ -87,6 +87,16 @@ function JobDetails(props: { model: JobModel; follower: LogFollower }) {
           </ul>
         )}
       </section>
+      {model.training.series.length > 0 && (
+        <section className="gpulayer-training">
+          <h3>Training</h3>
+          <MetricChart data={model.training} time={false} />
+          <div className="gpulayer-dim">
+            What the program logged (a Trainer's log points, or lines of $GPULAYER_METRICS_FILE),
+            over steps.
+          </div>
+        </section>
+      )}
       <section>
         <h3>Metrics</h3>
         <MetricChart data={model.chart} />
