@@ -124,9 +124,11 @@ class JobMonitor(w.VBox):
                     ranks.add(line.rank)
         if len(ranks) != len(self.ranks):
             self.ranks = sorted(ranks)
+            chosen = self.rank_select.value
             self.rank_select.options = [("all ranks", _ALL_RANKS)] + [
                 (f"rank {r}", r) for r in self.ranks
             ]
+            self.rank_select.value = chosen  # a rank that shows up later keeps the choice
             self.rank_select.layout.display = None
         if added:
             self._render_tail()

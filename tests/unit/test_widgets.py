@@ -178,6 +178,9 @@ def test_a_gang_monitor_filters_the_log_by_rank_and_charts_metrics_per_rank(reco
                             "started on w1"]  # fmt: skip
     mon.rank_select.value = 1
     assert mon.log_tail == ["step 0", "step 1"]
+    mon.add_lines([contracts.LogLine(offset=5, stream="stdout", ts=NOW, text="late", rank=2)])
+    assert mon.ranks == [0, 1, 2] and mon.rank_select.value == 1  # the choice stays
+    assert mon.log_tail == ["step 0", "step 1"]
     assert "step 1" in mon.log_pane.value and "[0]" not in mon.log_pane.value
 
     mon.add_points([point(1, 10, 0, **{"train/acc": 0.5, "train/loss": 2.0}),
