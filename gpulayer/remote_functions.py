@@ -10,7 +10,7 @@
 
 >>> @gl.remote(nodes=2, nproc_per_node=2, gpus=2)  # a gang: every rank makes the call
 ... def fit_ddp(epochs):
-...     return Trainer(max_epochs=epochs).fit(Model(), loader())  # rank 0's value returns
+...     return Trainer(max_epochs=epochs).fit(Model(), loader()).callback_metrics
 
 A call travels as a :mod:`gpulayer.payload` (cloudpickle; the user's own modules
 by value) in a ``function`` job; a worker makes it in a warm runner process
@@ -267,10 +267,8 @@ class RemoteFunction(Generic[P, R]):
         o = self._options
         try:
             gang = {k: o[k] for k in _DISTRIBUTED if k in o}
-            if gang:
-                gang["kind"] = "distributed"
             return contracts.JobSpec(
-                kind=gang.pop("kind", "function"),
+                kind="distributed" if gang else "function",
                 **gang,
                 function={"format": payload.FORMAT, "python": payload.PYTHON, "payload": b"-"},
                 name=o.get("name") or self._name()[:128].replace("<", "").replace(">", "") or None,

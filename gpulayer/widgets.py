@@ -202,21 +202,14 @@ class JobMonitor(w.VBox):
                 self.add_lines(page.lines)
                 self._offset = max(self._offset, page.next_offset)
                 if charts:
-                    self._fetch_points()
+                    self.add_points(self.job.metrics(self._metrics_after))
                 self.update(conn.job(self.job.id))
                 if page.complete and self.job.info.state.terminal:
-                    if charts:
-                        self._fetch_points()  # the last points, stored before the end
+                    if charts:  # the last points, stored before the end
+                        self.add_points(self.job.metrics(self._metrics_after))
                     return
         except errors.GpulayerError as e:  # a background thread: show it, do not raise
             self.reasons.value = f"<i>monitor stopped: {html.escape(e.message)}</i>"
-
-    def _fetch_points(self) -> None:
-        while True:
-            page = self.job.connection.metrics(self.job.id, self._metrics_after)
-            self.add_points(page.points)
-            if not page.points:
-                return
 
     def _render_tail(self) -> None:
         only = self.rank_select.value
