@@ -21,7 +21,7 @@ are listed once, in ``docs/api.md``; ``tests/server/test_route_table.py`` fails
 when that table and the routes the control plane mounts differ.
 """
 
-from pydantic import BaseModel
+from pydantic import BaseModel  # the base of every model here, for annotations
 
 from .artifacts import Artifact, ArtifactList, ArtifactName, BlobRef
 from .base import (

@@ -81,22 +81,26 @@ def test_docs_route_tables_match_the_mounted_routes(jp_serverapp):
     ]
     assert len(mine) > 20, "found none of the control plane's routes; did the router change?"
 
+    ours = {handler for _, handler in mine}
     docs = documented()
     unanswered = []
     for path, verb in sorted(docs):
         handler = routed(web_app, base_url, sample(path), verb)
-        if handler is None or verb not in implemented(handler):
+        if handler not in ours or verb not in implemented(handler):
             unanswered.append(f"{verb} {path}")
     assert not unanswered, "docs/api.md lists routes the server does not answer: " + ", ".join(
         unanswered
     )
 
-    reached = {(routed(web_app, base_url, sample(path), verb), verb) for path, verb in docs}
+    def first_rule(path: str) -> str | None:  # as tornado picks it (checked just above)
+        return next((p for p, _ in mine if re.match(p, base_url + path)), None)
+
+    reached = {(first_rule(sample(path)), verb) for path, verb in docs}
     missing = [
         f"{verb} {pattern.removeprefix(base_url)}"
         for pattern, handler in mine
         for verb in sorted(implemented(handler))
-        if (handler, verb) not in reached
+        if (pattern, verb) not in reached
     ]
     assert not missing, "mounted routes missing from docs/api.md's tables: " + ", ".join(missing)
 
