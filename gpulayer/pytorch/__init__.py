@@ -10,6 +10,7 @@ and metrics go to ``$GPULAYER_METRICS_FILE``. This is the only part of gpulayer
 that imports torch; see ``docs/pytorch.md``.
 """
 
+from gpulayer.pytorch.batches import move_to_device
 from gpulayer.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, dispatch
 from gpulayer.pytorch.launch import LaunchError, launch
 from gpulayer.pytorch.metrics import (
@@ -22,7 +23,7 @@ from gpulayer.pytorch.metrics import (
 from gpulayer.pytorch.module import Module
 from gpulayer.pytorch.progress import ProgressBar
 from gpulayer.pytorch.runtime import Runtime, select_device
-from gpulayer.pytorch.trainer import ARTIFACTS_ENV, Trainer, move_to_device
+from gpulayer.pytorch.trainer import ARTIFACTS_ENV, Trainer
 
 __all__ = [
     "ARTIFACTS_ENV",

@@ -339,6 +339,7 @@ class EarlyStopping(Callback):
         stop = self.wait >= self.patience
         if self.stopping_threshold is not None:
             stop = stop or not _improves(self.stopping_threshold, value, self.mode, 0.0)
+        assert trainer.runtime is not None  # fit sets it before any callback runs
         if trainer.runtime.any(stop):
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
@@ -451,12 +452,13 @@ class ModelCheckpoint(Callback):
         if self.save_top_k < 0:
             return
         dropped, self.best_k = self.best_k[self.save_top_k :], self.best_k[: self.save_top_k]
+        assert trainer.runtime is not None  # fit sets it before any callback runs
         if trainer.runtime.is_main:
             for _, path in dropped:
                 _unlink(path)
 
     def _name(self, trainer: "Trainer") -> str:
-        fields = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+        fields: dict[str, float] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         fields.update(trainer.callback_metrics)
         return self.filename.format(**fields).replace("/", "_").replace(os.sep, "_")
 

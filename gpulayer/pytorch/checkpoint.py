@@ -37,7 +37,8 @@ FORMAT = 1
 def capture_rng() -> dict[str, Any]:
     """The states of Python's, torch's (CPU and CUDA) and, if loaded, numpy's global RNGs."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # torch leaves cuda.is_initialized unannotated
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state_all()
     np = sys.modules.get("numpy")
     if np is not None:

@@ -59,7 +59,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def launch(
@@ -124,7 +125,8 @@ def launch(
             "GROUP_RANK": "0",
         }
         try:
-            mp.start_processes(
+            # torch neither annotates nor re-exports start_processes in its stubs
+            mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
                 _run_rank,
                 args=(payload, env, threads, tmp),
                 nprocs=nproc_per_node,
@@ -134,7 +136,8 @@ def launch(
         except ProcessException as e:
             raise _launch_error(e, Path(tmp), nproc_per_node) from None
         with open(Path(tmp) / _RESULT_FILE, "rb") as f:
-            return cloudpickle.load(f)
+            result: T = cloudpickle.load(f)
+        return result
 
 
 def _dumps(obj: Any, fn: Callable[..., Any]) -> bytes:
@@ -144,7 +147,8 @@ def _dumps(obj: Any, fn: Callable[..., Any]) -> bytes:
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(obj)
+        data: bytes = cloudpickle.dumps(obj)
+        return data
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TextIO
 
 import torch
 
@@ -92,7 +92,7 @@ class JsonlSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._file = None
+        self._file: TextIO | None = None
 
     @classmethod
     def from_env(cls) -> "JsonlSink | None":
@@ -183,7 +183,7 @@ class MetricCollector:
     ) -> dict[str, float]:
         """The step values logged since the last call, reduced over ranks (and, into
         ``local`` when given, this rank's own values)."""
-        values = {}
+        values: dict[str, tuple[Number | None, str]] = {}
         for name, entry in self.entries.items():
             if entry.fresh:
                 key = f"{name}_step" if entry.on_epoch else name

@@ -45,6 +45,8 @@ class Module(nn.Module):
     ...         return torch.optim.SGD(self.parameters(), lr=0.1)
     """
 
+    _gl_trainer: "Trainer | None"
+
     def __init__(self) -> None:
         super().__init__()
         # Kept out of nn.Module's registries: the trainer is not a submodule.

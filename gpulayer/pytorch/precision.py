@@ -73,7 +73,7 @@ class Precision:
         """``loss.backward()``, scaled under ``16-mixed``."""
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true size (before clipping or inspecting them)."""

@@ -155,7 +155,7 @@ class ProgressBar(Callback):
         if self._widget is None:
             bar = widgets.IntProgress(min=0, max=1, description="fit")
             self._widget = widgets.HBox([bar, widgets.Label()])
-            display(self._widget)
+            display(self._widget)  # type: ignore[no-untyped-call]  # IPython's display is unannotated
         bar, label = self._widget.children
         bar.max = max(1, trainer.num_training_batches or trainer.batches_done or 1)
         bar.value = min(trainer.batches_done, bar.max)

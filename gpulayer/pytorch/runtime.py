@@ -152,13 +152,12 @@ class Runtime:
             torch.cuda.set_device(self.device)
         if not self.is_distributed or dist.is_initialized():
             return False
-        kwargs = {"device_id": self.device} if self.backend == "nccl" else {}
         dist.init_process_group(
             self.backend,
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_seconds),
-            **kwargs,
+            device_id=self.device if self.backend == "nccl" else None,
         )
         return True
 

@@ -352,9 +352,9 @@ class Trainer:
         self.active_metrics = collector = self._collectors["train"]
         collector.reset()
         module.train()
-        sampler = getattr(loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.current_epoch)  # a DistributedSampler reshuffles per epoch
+        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(self.current_epoch)  # a DistributedSampler reshuffles per epoch
         self.num_training_batches = length(loader)
         val_every = self._val_every(loader) if val_loader is not None else None
         validate_epoch = (self.current_epoch + 1) % self.check_val_every_n_epoch == 0
@@ -449,7 +449,7 @@ class Trainer:
         self._log_point(collector, step=True, epoch=True)
         sched = self.lr_scheduler
         due = sched is not None and (self.current_epoch + 1) % sched["frequency"] == 0
-        if self.epoch_finished and due and sched["interval"] == "epoch":
+        if sched is not None and self.epoch_finished and due and sched["interval"] == "epoch":
             self._scheduler_step(sched)
         dispatch(self, "on_train_epoch_end")
         # Whatever the module logged in its own on_train_epoch_end.
@@ -537,7 +537,7 @@ class Trainer:
         """Read what ``collector`` holds (step values, epoch aggregates), reduced over
         ranks, and report it; answers the reduced metrics."""
         assert self.runtime is not None
-        local = {} if self._rank_sink is not None else None
+        local: dict[str, float] | None = {} if self._rank_sink is not None else None
         metrics: dict[str, float] = {}
         if step:
             metrics.update(collector.read_step(self.runtime, local))

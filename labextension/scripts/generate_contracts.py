@@ -1,6 +1,6 @@
 """Generate ``labextension/src/contracts.ts`` from the pydantic contracts' JSON Schema.
 
-Run it after changing ``gpulayer/contracts.py``::
+Run it after changing the models in ``gpulayer/contracts/``::
 
     python labextension/scripts/generate_contracts.py
 

@@ -7,7 +7,6 @@ processes. Tests talk to it with the public client, as a user would.
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -56,18 +55,6 @@ def fresh_cluster(tmp_path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for c in made:
         c.stop()
-
-
-def until(check: Callable[[], object], timeout: float = 20.0, what: str = "condition"):
-    """Poll ``check`` until it returns something truthy, or fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 # ----------------------------------------- notebooks run by nbclient in a real kernel

@@ -12,7 +12,8 @@ import pytest
 from gpulayer import contracts
 from gpulayer.cells import strip_ansi
 
-from .conftest import kernel_env, notebook, outputs, run, stdout, until
+from ..support import until
+from .conftest import kernel_env, notebook, outputs, run, stdout
 
 # A 1x1 PNG: what any figure or image display relays.
 PNG = base64.b64encode(
@@ -87,7 +88,7 @@ def test_interrupt_stops_a_busy_cell_and_the_session_stays_usable(cluster, conn,
     nb = notebook(
         "%load_ext gpulayer",
         "%%gpulayer --session spin\ncount = 0",
-        "%%gpulayer --session spin\nwhile True:\n    count += 1",
+        "%%gpulayer --session spin\nprint('spinning', flush=True)\nwhile True:\n    count += 1",
         "%%gpulayer --session spin\nprint(count > 0)",
     )
     timings = {}
@@ -95,9 +96,8 @@ def test_interrupt_stops_a_busy_cell_and_the_session_stays_usable(cluster, conn,
     def interrupt(client, index):
         if index != 2:
             return
-        until(lambda: [j for j in conn.jobs(state="running") if j.spec.kind == "cell"],
-              what="the busy cell to run")  # fmt: skip
-        time.sleep(0.3)
+        # The remote loop runs and this kernel's magic relays its output: interrupt now.
+        until(lambda: "spinning" in stdout(client.nb.cells[index]), what="the busy cell to spin")
         timings["sent"] = time.monotonic()
         os.kill(client.km.provisioner.process.pid, signal.SIGINT)  # the stop button
 

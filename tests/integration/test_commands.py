@@ -13,7 +13,7 @@ import pytest
 import gpulayer.client as gl
 from gpulayer.errors import InvalidTransition, JobFailed, ValidationError
 
-from .conftest import until
+from ..support import until
 
 PY = sys.executable
 

@@ -18,7 +18,8 @@ import pytest
 import gpulayer as gl
 from gpulayer import errors
 
-from .conftest import kernel_env, notebook, outputs, run, stdout, until
+from ..support import until
+from .conftest import kernel_env, notebook, outputs, run, stdout
 
 pytest.importorskip("torch")
 

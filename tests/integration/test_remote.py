@@ -13,7 +13,7 @@ import pytest
 import gpulayer as gl
 from gpulayer import contracts, errors, payload
 
-from .conftest import until
+from ..support import until
 
 
 class BudgetExceeded(Exception):

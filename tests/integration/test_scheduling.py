@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import gpulayer.client as gl
+from gpulayer import contracts
 
-from .conftest import until
+from ..support import until
 
 PY = sys.executable
 
@@ -22,6 +23,12 @@ def hold(marker, *, print_env=True) -> list[str]:
     return [PY, "-c", code]
 
 
+def printed(conn, job) -> list[str]:
+    """What ``job`` wrote to its stdout so far (gpulayer's own system lines left out)."""
+    page = conn.logs(job.id)
+    return [line.text for line in page.lines if line.stream == contracts.LogStream.stdout]
+
+
 def test_one_gpu_jobs_share_a_two_gpu_worker_and_a_two_gpu_job_waits_its_turn(
     fresh_cluster, tmp_path
 ):
@@ -30,8 +37,9 @@ def test_one_gpu_jobs_share_a_two_gpu_worker_and_a_two_gpu_job_waits_its_turn(
     with c.connection() as conn:
         a = gl.submit(hold(go), gpus=1, connection=conn)
         b = gl.submit(hold(go), gpus=1, connection=conn)
-        until(lambda: a.logs() and b.logs(), what="both 1-GPU jobs to print")
-        seen = sorted(a.logs()[-1:] + b.logs()[-1:])
+        # Each job's own line (its stdout), not the "started on ..." system line before it.
+        until(lambda: printed(conn, a) and printed(conn, b), what="both 1-GPU jobs to print")
+        seen = sorted(printed(conn, a) + printed(conn, b))
         assert seen == ["0 0", "1 1"]  # concurrently, on different GPUs
         big = gl.submit(
             [PY, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],

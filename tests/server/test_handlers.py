@@ -2,6 +2,8 @@
 
 import asyncio
 
+from ..support import until_long_polls
+
 JOB = {"command": ["python", "-c", "print('hi')"], "name": "hello"}
 
 
@@ -125,12 +127,14 @@ async def test_cancel_queued_then_cancel_again_is_409(gl_api):
     assert again["state"] == "cancelled" and again["ended_at"] == cancelled["ended_at"]
 
 
-async def test_wait_returns_204_when_the_hold_runs_out_and_200_when_the_job_ends(gl_api):
+async def test_wait_returns_204_when_the_hold_runs_out_and_200_when_the_job_ends(
+    gl_api, jp_serverapp
+):
     _, job = await gl_api("jobs", method="POST", json_body=JOB)
     status, _ = await gl_api("jobs", job["id"], "wait", params={"timeout": "0.2"})
     assert status == 204
     waiter = asyncio.ensure_future(gl_api("jobs", job["id"], "wait", params={"timeout": "5"}))
-    await asyncio.sleep(0)  # let the wait start before the cancel lands
+    await until_long_polls(jp_serverapp)  # the wait holds before the cancel lands
     await gl_api("jobs", job["id"], "cancel", method="POST")
     status, ended = await waiter
     assert status == 200 and ended["state"] == "cancelled"

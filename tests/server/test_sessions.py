@@ -2,11 +2,11 @@
 playing the worker: placement on the session's worker and GPUs without a slot,
 unique names, ending, idle expiry and interrupts."""
 
-import asyncio
 import copy
-import time
 
 import pytest
+
+from ..support import until_async
 
 SIM_GPU = {"index": 0, "kind": "cuda", "name": "A100", "memory_bytes": 80 << 30}
 
@@ -106,14 +106,15 @@ async def test_idle_sessions_end(gl_api, jp_serverapp):
     status, s = await gl_api("sessions", method="POST", json_body=body)
     assert status == 201 and s["idle_timeout"] == 1.0
     (a,) = (await acquire(gl_api, wid, tok))["assignments"]
-    deadline = time.monotonic() + 30  # the sweep runs every 0.2 s; poll to a deadline
-    while time.monotonic() < deadline:
+
+    async def cancelled():  # the sweep runs every 0.2 s; the worker keeps heartbeating
         got = await acquire(gl_api, wid, tok)
-        if got["cancel"]:
-            break
-        await gl_api("workers", wid, "heartbeat", method="POST", token=tok,
-                     json_body={"running_tasks": [a["task_id"]]})  # fmt: skip
-        await asyncio.sleep(0.05)
-    assert got["cancel"] == [a["task_id"]]
+        if not got["cancel"]:
+            await gl_api("workers", wid, "heartbeat", method="POST", token=tok,
+                         json_body={"running_tasks": [a["task_id"]]})  # fmt: skip
+        return got["cancel"]
+
+    cancel = await until_async(cancelled, timeout=30, what="the idle session's cancel")
+    assert cancel == [a["task_id"]]
     _, events = await gl_api("jobs", a["job_id"], "events")
     assert any("without a cell" in (e["reason"] or "") for e in events["events"])

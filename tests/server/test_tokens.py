@@ -11,6 +11,8 @@ import pytest
 from gpulayer.errors import RateLimited
 from jupyter_ext.auth import LoginLimiter
 
+from ..support import until_long_polls
+
 UNPLACEABLE = {"command": ["true"], "resources": {"gpus": 8}}
 
 
@@ -36,15 +38,6 @@ async def mint(gl_api, name, role, **kw):
 
 def services(jp_serverapp):
     return jp_serverapp.web_app.settings["gpulayer"]
-
-
-async def until_waiting(jp_serverapp, n=1):
-    """Until ``n`` long polls are open (a deadline poll, no fixed sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while services(jp_serverapp).notifier.waiting() < n:
-        assert loop.time() < deadline, "the long poll never started"
-        await asyncio.sleep(0.005)
 
 
 async def test_tokens_are_minted_once_listed_without_secrets_and_revoked(gl_api):
@@ -134,7 +127,7 @@ async def test_revoking_a_token_ends_its_open_long_poll_with_401(gl_api, jp_serv
     logs = asyncio.ensure_future(
         gl_api("jobs", job["id"], "logs", params={"wait": "30"}, token=sub)
     )
-    await until_waiting(jp_serverapp, 2)
+    await until_long_polls(jp_serverapp, 2)
     assert (await gl_api("tokens", "sub", method="DELETE"))[0] == 204
     for poll in (wait, logs):
         status, err = await asyncio.wait_for(poll, 10)
@@ -147,7 +140,7 @@ async def test_a_worker_token_revoked_mid_acquire_gets_401(gl_api, jp_serverapp)
     acquire = asyncio.ensure_future(
         gl_api("workers", reg["worker_id"], "acquire", method="POST", token=reg["token"])
     )
-    await until_waiting(jp_serverapp)
+    await until_long_polls(jp_serverapp)
     assert (await gl_api("tokens", "worker:rw", method="DELETE"))[0] == 204
     status, err = await asyncio.wait_for(acquire, 10)
     assert status == 401 and err["code"] == "unauthenticated"

@@ -7,6 +7,8 @@ each refusal can be asserted; tests/integration runs the real agent.
 import asyncio
 from datetime import UTC, datetime
 
+from ..support import until_long_polls
+
 JOB = {"command": ["python", "-c", "print('hi')"]}
 
 
@@ -88,14 +90,14 @@ async def test_bad_registration_is_400_naming_the_field(gl_api):
     assert (await gl_api("workers"))[1]["workers"] == []
 
 
-async def test_a_job_runs_through_the_protocol_end_to_end(gl_api):
+async def test_a_job_runs_through_the_protocol_end_to_end(gl_api, jp_serverapp):
     reg = await join(gl_api)
     wid, tok = reg["worker_id"], reg["token"]
     # The acquire long poll is open before the job exists and answers when it is placed.
     acquire = asyncio.ensure_future(
         gl_api("workers", wid, "acquire", method="POST", params={"wait": "5"}, token=tok)
     )
-    await asyncio.sleep(0.05)
+    await until_long_polls(jp_serverapp)
     _, job = await gl_api("jobs", method="POST", json_body=JOB)
     status, got = await acquire
     assert status == 200
@@ -177,7 +179,7 @@ async def test_a_job_runs_through_the_protocol_end_to_end(gl_api):
     ]
 
 
-async def test_cancel_of_a_running_job_reaches_the_worker_through_acquire(gl_api):
+async def test_cancel_of_a_running_job_reaches_the_worker_through_acquire(gl_api, jp_serverapp):
     reg = await join(gl_api)
     wid, tok = reg["worker_id"], reg["token"]
     _, job = await gl_api("jobs", method="POST", json_body=JOB)
@@ -186,7 +188,7 @@ async def test_cancel_of_a_running_job_reaches_the_worker_through_acquire(gl_api
     acquire = asyncio.ensure_future(
         gl_api("workers", wid, "acquire", method="POST", params={"wait": "5"}, token=tok)
     )
-    await asyncio.sleep(0.05)
+    await until_long_polls(jp_serverapp)
     status, j = await gl_api("jobs", job["id"], "cancel", method="POST")
     assert status == 200 and j["state"] == "running"
     status, got = await acquire

@@ -1,4 +1,8 @@
-"""Dependency direction (STYLE.md §1), each rule checked in a fresh interpreter."""
+"""Dependency direction (STYLE.md §1), each rule checked in a fresh interpreter.
+
+A module that does not import is a failure here, never a skip: a broken import would
+otherwise silence the very rules these tests check.
+"""
 
 import json
 import subprocess
@@ -10,12 +14,8 @@ HEAVY = ["torch", "IPython", "ipywidgets", "pynvml", "tornado", "jupyter_server"
 
 PROBE = """
 import importlib, json, sys
-try:
-    for name in {modules!r}:
-        importlib.import_module(name)
-except ImportError as e:
-    print(json.dumps({{"skip": repr(e)}}))
-    raise SystemExit(0)
+for name in {modules!r}:
+    importlib.import_module(name)
 print(json.dumps({{"loaded": sorted(sys.modules), "files": {{
     name: getattr(sys.modules[name], "__file__", None) for name in {modules!r}}}}}))
 """
@@ -27,10 +27,8 @@ def imported_by(*modules: str) -> tuple[set[str], dict[str, str | None]]:
         [sys.executable, "-c", PROBE.format(modules=list(modules))],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, f"importing {', '.join(modules)} failed:\n{proc.stderr}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in result:
-        pytest.skip(f"{', '.join(modules)} does not import yet: {result['skip']}")
     return set(result["loaded"]), result["files"]
 
 
@@ -59,8 +57,7 @@ def test_gpulayer_never_imports_jupyter_ext() -> None:
 
 def test_jupyter_ext_imports_neither_client_nor_worker() -> None:
     loaded, files = imported_by("jupyter_ext")
-    if files["jupyter_ext"] is None:
-        pytest.skip("jupyter_ext is only a namespace folder so far")
+    assert files["jupyter_ext"] is not None, "jupyter_ext is a package with an __init__"
     assert not {"gpulayer.client", "gpulayer.worker", "gpulayer.cli"} & loaded
     assert not any(name.startswith("gpulayer.worker") for name in loaded)
 
@@ -69,3 +66,8 @@ def test_a_rank_of_a_distributed_function_starts_without_the_agent() -> None:
     loaded, _ = imported_by("gpulayer.worker.rank_call")
     assert "gpulayer.worker.agent" not in loaded
     assert tops(loaded).isdisjoint({"httpx", "psutil", "IPython", "torch"})
+
+
+def test_a_broken_import_fails_instead_of_skipping() -> None:
+    with pytest.raises(AssertionError, match="ModuleNotFoundError"):
+        imported_by("gpulayer.no_such_module")

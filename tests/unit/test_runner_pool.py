@@ -9,6 +9,8 @@ from gpulayer import contracts as c
 from gpulayer import payload
 from gpulayer.worker.functions import FunctionRun, RunnerPool, key_for
 
+from ..support import until_async
+
 
 def _assignment(fn, *args, gpus=(), timeout=None, env=None) -> tuple[c.Assignment, bytes]:
     data = payload.pack_calls(fn, [(args, {})])
@@ -107,8 +109,7 @@ def test_timeout_and_cancel_kill_the_runner(tmp_path):
             a, data = _assignment(lambda: __import__("time").sleep(30))
             run2 = FunctionRun(pool, a, data, env={}, cwd=tmp_path, on_line=lambda *x: None)
             task = asyncio.create_task(run2.run())
-            while run2.pid is None:
-                await asyncio.sleep(0.01)
+            await until_async(lambda: run2.pid is not None, what="the runner to start")
             pid = run2.pid
             run2.cancel("cancelled by test")
             cancelled = await task

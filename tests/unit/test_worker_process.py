@@ -19,6 +19,8 @@ from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
 
+from ..support import until_async
+
 GRACE_SECONDS = 0.5
 
 
@@ -52,14 +54,6 @@ def run(tmp_path: Path, **spec: object) -> tuple[Outcome, Lines]:
     return outcome, lines
 
 
-async def until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Poll ``predicate`` until it holds, failing the test at the deadline."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def sleeps_in_tree(pid: int) -> list[psutil.Process]:
     try:
         leader = psutil.Process(pid)
@@ -81,7 +75,7 @@ async def run_and_collect_sleeps(
 ) -> tuple[Outcome, list[psutil.Process]]:
     """Run ``cr``, wait until its two ``sleep`` processes exist, then ``action``."""
     task = asyncio.create_task(cr.run())
-    await until(lambda: cr.pid is not None and len(sleeps_in_tree(cr.pid)) == 2)
+    await until_async(lambda: cr.pid is not None and len(sleeps_in_tree(cr.pid)) == 2, 10)
     assert cr.pid is not None
     sleeps = sleeps_in_tree(cr.pid)
     if action is not None:

@@ -1,0 +1,91 @@
+"""What every contract module shares: the version, durations, base models, field types."""
+
+import re
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints
+
+API_VERSION: Final = "gpulayer.dev/v1alpha1"
+API_PREFIX: Final = "/gpulayer/api/v1"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"10m"``, ``"1.5h"`` or ``"2d"``.
+
+    Raises
+    ------
+    ValueError
+        For anything else, with a message that shows the accepted forms.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(
+                f"{value!r} is not a duration; use seconds or a string like '90s', '10m', '2h'"
+            )
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """Short human form of a duration: ``850ms``, ``12.3s``, ``4m05s``, ``2h10m``."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def _optional_duration(value: object) -> float | None:
+    return None if value is None else parse_duration(value)
+
+
+#: A field given as seconds or a string like ``"10m"`` (:func:`parse_duration`), or None.
+OptionalDuration = Annotated[float | None, BeforeValidator(_optional_duration)]
+
+
+class RequestModel(BaseModel):
+    """Base of every request body: unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DocumentModel(BaseModel):
+    """Base of every answer: tolerant of fields added by newer servers."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\w.\-@ ]+$")]
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[\w.\-/]+$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+Accelerator = Literal["cuda", "rocm", "mps", "cpu"]
+
+
+INLINE_BYTES = 256 * 1024
+"""Payloads and results up to this size travel inline (base64 in JSON); larger ones
+go through the blob store."""
+
+
+#: Model config of models with ``bytes`` fields: base64 in JSON, both ways.
+BASE64_BYTES = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]

@@ -1,0 +1,55 @@
+"""Sessions: persistent kernels that hold a worker slot and its GPUs."""
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from .base import (
+    API_VERSION,
+    DocumentModel,
+    EnvName,
+    LabelKey,
+    LabelValue,
+    Name,
+    OptionalDuration,
+    RequestModel,
+)
+from .jobs import JobState
+from .resources import Resources
+
+
+class CreateSession(RequestModel):
+    """``POST sessions``: start a persistent kernel on a worker that fits."""
+
+    api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
+    name: Name
+    resources: Resources = Resources()
+    idle_timeout: OptionalDuration = Field(default=None, description="seconds or '30m'")
+    env: dict[EnvName, str] = {}
+    labels: dict[LabelKey, LabelValue] = {}
+
+
+class Session(DocumentModel):
+    """A session as users see it: its job, where its kernel runs, when it expires."""
+
+    api_version: str = API_VERSION
+    name: str
+    job_id: str
+    state: JobState
+    reason: str | None = None
+    owner: str
+    worker_name: str | None = None
+    gpu_indices: list[int] = []
+    idle_timeout: float
+    created_at: datetime
+    started_at: datetime | None = None
+    last_activity: datetime | None = Field(default=None, description="when the last cell ended")
+    cells: int = Field(default=0, description="cells run in it so far")
+
+
+class SessionList(DocumentModel):
+    """The sessions that have not ended, oldest first."""
+
+    api_version: str = API_VERSION
+    sessions: list[Session]

@@ -1,0 +1,157 @@
+"""Workers: registration, heartbeats, the fleet as users see it, and its telemetry."""
+
+import enum
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from .base import API_VERSION, Accelerator, DocumentModel, LabelKey, Name, RequestModel
+
+
+class WorkerState(enum.StrEnum):
+    """Life cycle of a worker."""
+
+    registering = "registering"
+    ready = "ready"
+    draining = "draining"
+    unhealthy = "unhealthy"
+    offline = "offline"
+
+
+class Device(RequestModel):
+    """One accelerator of a worker."""
+
+    index: int = Field(ge=0)
+    kind: Accelerator
+    name: str
+    memory_bytes: int = Field(default=0, ge=0)
+    memory_kind: Literal["dedicated", "unified"] = "dedicated"
+    uuid: str | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    runtime_version: str | None = Field(default=None, description="CUDA or ROCm version")
+    simulated: bool = False
+
+
+class GpuSample(RequestModel):
+    """One GPU's readings at a heartbeat."""
+
+    index: int
+    utilization_percent: float | None = None
+    memory_used_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+
+class TaskSample(RequestModel):
+    """A running task's process tree at a heartbeat."""
+
+    task_id: str
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    processes: int = 0
+
+
+class WorkerRegistration(RequestModel):
+    """What a worker tells the control plane when it joins (or re-joins)."""
+
+    api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
+    name: Name
+    hostname: str
+    cpus: int = Field(ge=1)
+    memory_bytes: int = Field(ge=0)
+    devices: list[Device] = []
+    labels: dict[LabelKey, str] = {}
+    slots: int = Field(default=4, ge=1, le=1024, description="tasks it runs at once")
+    version: str
+    python: Annotated[str, StringConstraints(max_length=32)] = Field(
+        default="", description="major.minor of the Python its function runners use"
+    )
+    running_tasks: list[str] = Field(
+        default=[], description="task ids still running here (after a reconnect)"
+    )
+    address: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+        default=None, description="host or IP other workers reach this one at (gang rendezvous)"
+    )
+
+
+class Registered(DocumentModel):
+    """The answer to a registration: the worker's own token and timings."""
+
+    api_version: str = API_VERSION
+    worker_id: str
+    token: str
+    heartbeat_seconds: float
+    lease_seconds: float
+    kill_tasks: list[str] = Field(
+        default=[], description="running tasks the control plane gave up on"
+    )
+
+
+class Heartbeat(RequestModel):
+    """Sent every ``heartbeat_seconds``; renews the leases of running tasks."""
+
+    running_tasks: list[str] = []
+    cpu_percent: float | None = None
+    memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = []
+    tasks: list[TaskSample] = []
+
+
+class HeartbeatReply(DocumentModel):
+    """``kill_tasks``: tasks the control plane gave up on (stop them, report nothing);
+    ``cancel``: tasks a user cancelled that still run (stop them, report ``cancelled``)."""
+
+    kill_tasks: list[str] = []
+    cancel: list[str] = []
+
+
+class Worker(DocumentModel):
+    """A registered worker as users see it."""
+
+    id: str
+    name: str
+    hostname: str
+    state: WorkerState
+    cpus: int
+    memory_bytes: int
+    devices: list[Device] = []
+    labels: dict[str, str] = {}
+    slots: int
+    version: str
+    python: str = ""
+    address: str | None = None
+    registered_at: datetime
+    last_heartbeat: datetime | None = None
+    running_tasks: list[str] = []
+    cpu_percent: float | None = None
+    memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = Field(default=[], description="the latest GPU readings")
+    tasks: list[TaskSample] = Field(default=[], description="the latest per-task readings")
+
+
+class WorkerList(DocumentModel):
+    """All known workers."""
+
+    api_version: str = API_VERSION
+    workers: list[Worker]
+
+
+class TelemetrySample(DocumentModel):
+    """One heartbeat's readings of a worker."""
+
+    ts: datetime
+    cpu_percent: float | None = None
+    memory_used_bytes: int | None = None
+    gpus: list[GpuSample] = []
+    tasks: list[TaskSample] = []
+
+
+class Telemetry(DocumentModel):
+    """A worker's recent readings, oldest first (a bounded window)."""
+
+    api_version: str = API_VERSION
+    worker_id: str
+    worker_name: str
+    samples: list[TelemetrySample]
