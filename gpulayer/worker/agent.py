@@ -53,19 +53,19 @@ from gpulayer.errors import (
 )
 from gpulayer.worker import devices, rank_call
 from gpulayer.worker.functions import FunctionRun, RunnerPool
-from gpulayer.worker.kernels import CellRun, KernelHost, SessionRun
+from gpulayer.worker.kernels import CellTaskRun, KernelHost, SessionRun
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.metrics import METRICS_FILE_ENV, MetricsFollower
 from gpulayer.worker.process import (
     CommandRun,
-    Outcome,
     TaskDir,
     TreeSampler,
     inherited_env,
     task_env,
     task_vars,
 )
+from gpulayer.worker.runs import Run, RunOutcome
 from gpulayer.worker.torchrun import GangRun
+from gpulayer.worker.training_metrics import METRICS_FILE_ENV, TrainingMetricsFollower
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,9 @@ class _Task:
     logs: LogShipper
     shipper: "asyncio.Task[None] | None" = None
     pipeline: "asyncio.Task[None] | None" = None
-    run: CommandRun | FunctionRun | CellRun | SessionRun | GangRun | None = None
+    run: Run | None = None
     dir: TaskDir | None = None
-    metrics: MetricsFollower | None = None
+    metrics: TrainingMetricsFollower | None = None
     metrics_loop: "asyncio.Task[None] | None" = None
     cancel_reason: str | None = None
     abandoned: bool = False
@@ -137,8 +137,8 @@ class _Task:
             self.run.cancel(self.cancel_reason)
 
     def interrupt(self) -> None:
-        """SIGINT a cell's kernel (other tasks have nothing to interrupt)."""
-        if isinstance(self.run, CellRun):
+        """SIGINT a cell's kernel (other runs have nothing to interrupt)."""
+        if self.run is not None:
             self.run.interrupt()
 
     def abandon(self, why: str) -> None:
@@ -370,10 +370,10 @@ class Agent:
                 outcome = await self._execute(task)
             except Exception as e:  # a task boundary: the failure becomes the task's state
                 log.exception("task %s: worker error", task.id)
-                outcome = Outcome("failed", None, f"worker error: {e!r}")
+                outcome = RunOutcome("failed", None, f"worker error: {e!r}")
                 task.logs.add(c.LogStream.system, outcome.reason or "", _now())
             if task.released and outcome.state == "cancelled":
-                outcome = Outcome("lost", outcome.exit_code, outcome.reason)
+                outcome = RunOutcome("lost", outcome.exit_code, outcome.reason)
             log.log(
                 logging.DEBUG if task.assignment.spec.function else logging.INFO,
                 "task %s ended: %s%s",
@@ -398,13 +398,13 @@ class Agent:
                 task.dir.remove()  # after a cancel or error; a no-op when already gone
             self._tasks.pop(task.id, None)
 
-    async def _execute(self, task: _Task) -> Outcome:
+    async def _execute(self, task: _Task) -> RunOutcome:
         a = task.assignment
         if a.spec.in_session:  # runs in its session's kernel, slot and GPUs
             return await self._run_kernel_task(task)
         async with self._slots:
             if task.cancel_reason is not None:
-                return Outcome("cancelled", None, task.cancel_reason)
+                return RunOutcome("cancelled", None, task.cancel_reason)
             fn = a.spec.function
             if a.spec.kind in (c.JobKind.cell, c.JobKind.session):
                 return await self._run_kernel_task(task)
@@ -439,7 +439,7 @@ class Agent:
                     )
             except GpulayerError as e:
                 task.logs.add(c.LogStream.system, str(e), _now())
-                return Outcome("failed", None, str(e))
+                return RunOutcome("failed", None, str(e))
             if fn is not None and a.gang is not None:
                 return await self._run_gang_call(task, payload)
             if fn is not None:  # the runner has the rest of the environment already
@@ -470,7 +470,7 @@ class Agent:
                 task.run.cancel(task.cancel_reason)
             return await task.run.run()
 
-    async def _run_gang_call(self, task: _Task, data: bytes) -> Outcome:
+    async def _run_gang_call(self, task: _Task, data: bytes) -> RunOutcome:
         """A distributed function: every rank makes the call (:mod:`.rank_call`);
         global rank 0's outcome is the answer, sent back by node 0."""
         a = task.assignment
@@ -504,14 +504,14 @@ class Agent:
             out = dataclasses.replace(out, result=await asyncio.to_thread(answer.read_bytes))
         return out
 
-    async def _run_kernel_task(self, task: _Task) -> Outcome:
+    async def _run_kernel_task(self, task: _Task) -> RunOutcome:
         """A cell or session task, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
         a = task.assignment
         log.debug("task %s (job %s, %s) started", a.task_id, a.job_id, a.spec.kind)
         cell = a.spec.cell
         if cell is not None and cell.session and not (cell.push or cell.push_blob or cell.pull):
             # A plain cell in a session touches no files: skip its folder (latency).
-            task.run = CellRun(self._kernels, a, env={}, cwd=Path(), scratch=Path(),
+            task.run = CellTaskRun(self._kernels, a, env={}, cwd=Path(), scratch=Path(),
                                on_line=task.logs.add)  # fmt: skip
             if task.cancel_reason is not None:
                 task.run.cancel(task.cancel_reason)
@@ -530,8 +530,8 @@ class Agent:
                     push = await self._blob(cell.push_blob)
             except GpulayerError as e:
                 task.logs.add(c.LogStream.system, str(e), _now())
-                return Outcome("failed", None, str(e))
-            task.run = CellRun(
+                return RunOutcome("failed", None, str(e))
+            task.run = CellTaskRun(
                 self._kernels, a, env=env, cwd=task.dir.work, scratch=task.dir.root,
                 on_line=task.logs.add, push=push,
             )  # fmt: skip
@@ -539,7 +539,7 @@ class Agent:
             task.run.cancel(task.cancel_reason)
         return await task.run.run()
 
-    async def _deliver(self, task: _Task, outcome: Outcome) -> None:
+    async def _deliver(self, task: _Task, outcome: RunOutcome) -> None:
         """Flush logs, upload artifacts, complete: in this order, so that a client
         that sees the task ended also sees all its output."""
         await task.logs.flush()
@@ -574,7 +574,7 @@ class Agent:
         assert task.dir is not None
         path = task.dir.root / "metrics.jsonl"
         env[METRICS_FILE_ENV] = str(path)
-        task.metrics = MetricsFollower(path, functools.partial(self._send_metrics, task.id))
+        task.metrics = TrainingMetricsFollower(path, functools.partial(self._send_metrics, task.id))
         task.metrics_loop = asyncio.create_task(task.metrics.run(), name=f"metrics-{task.id}")
 
     async def _send_metrics(self, task_id: str, batch: c.MetricBatch) -> c.MetricAck | None:

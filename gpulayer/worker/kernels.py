@@ -15,7 +15,7 @@ numbered, batched, resent and followed like any output (docs/adr/0040).
   :class:`KernelHost` under the session's name until the task is cancelled
   (the session ended or expired) or the kernel dies. It holds its worker slot
   all that time.
-* A **cell** task (:class:`CellRun`) runs in its session's kernel, without a
+* A **cell** task (:class:`CellTaskRun`) runs in its session's kernel, without a
   slot of its own, or, without a session, in a fresh kernel that is shut down
   after it. Cells of one kernel run one at a time.
 
@@ -40,11 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import contracts as c
-from gpulayer.worker.process import Outcome
+from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
 
-LineCallback = Callable[[c.LogStream, str, datetime], None]
 
 RELAYED = frozenset(
     {"stream", "display_data", "update_display_data", "execute_result", "error", "clear_output"}
@@ -245,7 +244,7 @@ class _Relay:
             self.on_line(c.LogStream.iopub, text, now)
 
 
-class CellRun:
+class CellTaskRun:
     """One ``cell`` task: in its session's kernel, or in a fresh one."""
 
     def __init__(
@@ -292,7 +291,7 @@ class CellRun:
         if self._kernel is not None:
             self._signal = asyncio.ensure_future(self._kernel.interrupt())
 
-    async def run(self) -> Outcome:
+    async def run(self) -> RunOutcome:
         """Run the cell; never raises for what the cell does."""
         name = self._cell.session
         if name is not None:
@@ -309,16 +308,16 @@ class CellRun:
             async with kernel.lock:
                 self._kernel = kernel
                 if self._stop.is_set():
-                    return Outcome("cancelled", None, self._stop_reason)
+                    return RunOutcome("cancelled", None, self._stop_reason)
                 if self._interrupted:  # an interrupt that came before the kernel did
-                    return Outcome("cancelled", None, "interrupted")
+                    return RunOutcome("cancelled", None, "interrupted")
                 return await self._guarded(kernel, fresh=name is None)
         finally:
             self._kernel = None
             if name is None:
                 await kernel.shutdown()
 
-    async def _guarded(self, kernel: Kernel, *, fresh: bool) -> Outcome:
+    async def _guarded(self, kernel: Kernel, *, fresh: bool) -> RunOutcome:
         """The cell under its timeout and cancel."""
         work = asyncio.create_task(self._steps(kernel))
         stop = asyncio.create_task(self._stop.wait())
@@ -343,10 +342,10 @@ class CellRun:
         with contextlib.suppress(asyncio.CancelledError, KernelDied):
             await work
         if self._stop.is_set():
-            return Outcome("cancelled", None, self._stop_reason)
-        return Outcome("timed_out", None, f"timed out after {timeout:g} s")
+            return RunOutcome("cancelled", None, self._stop_reason)
+        return RunOutcome("timed_out", None, f"timed out after {timeout:g} s")
 
-    async def _steps(self, kernel: Kernel) -> Outcome:
+    async def _steps(self, kernel: Kernel) -> RunOutcome:
         """Push, run, pull; then the ``execute_reply`` line."""
         cell = self._cell
         try:
@@ -380,14 +379,14 @@ class CellRun:
                    if k in reply}  # fmt: skip
         self._relay(c.KernelMessage(msg_type="execute_reply", content=content))
         if status == "ok":
-            return Outcome("succeeded", 0, None, result=result)
+            return RunOutcome("succeeded", 0, None, result=result)
         what = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}".rstrip(": ")
         if reply.get("ename") == "KeyboardInterrupt" or status == "aborted":
-            return Outcome("cancelled", None, "interrupted" if self._interrupted else what)
+            return RunOutcome("cancelled", None, "interrupted" if self._interrupted else what)
         where = f" (in --{step})" if step else ""
-        return Outcome("failed", 1, f"raised {what}{where}", retry=False)
+        return RunOutcome("failed", 1, f"raised {what}{where}", retry=False)
 
-    def _fail(self, why: str) -> Outcome:
+    def _fail(self, why: str) -> RunOutcome:
         self._relay(
             c.KernelMessage(
                 msg_type="error",
@@ -399,7 +398,7 @@ class CellRun:
             )
         )
         self._relay(c.KernelMessage(msg_type="execute_reply", content={"status": "error"}))
-        return Outcome("failed", None, why, retry=False)
+        return RunOutcome("failed", None, why, retry=False)
 
 
 class SessionRun:
@@ -430,17 +429,21 @@ class SessionRun:
         if self._host.sessions.get(self._name) is self._kernel:
             del self._host.sessions[self._name]
 
-    async def run(self) -> Outcome:
+    def interrupt(self) -> None:
+        """Nothing to do: the session's cells are interrupted, each as its own task."""
+
+    async def run(self) -> RunOutcome:
         """Start the kernel, serve the session, shut it down; never raises."""
         if self._name in self._host.sessions:
-            return Outcome("failed", None, f"session {self._name!r} already runs here", retry=False)
+            why = f"session {self._name!r} already runs here"
+            return RunOutcome("failed", None, why, retry=False)
         self._host._runs.add(self)
         try:
             try:
                 await self._kernel.start()
             except KernelDied as e:
                 self._host._started(self._name, None)
-                return Outcome("failed", None, str(e), retry=False)
+                return RunOutcome("failed", None, str(e), retry=False)
             self._host.sessions[self._name] = self._kernel
             self._host._started(self._name, self._kernel)
             now = datetime.now(UTC)
@@ -451,8 +454,8 @@ class SessionRun:
                 if not self._stop.is_set() and not await self._kernel.alive():
                     why = f"the kernel of session {self._name} died"
                     self._on_line(c.LogStream.system, why, datetime.now(UTC))
-                    return Outcome("failed", None, why, retry=False)
-            return Outcome("succeeded", 0, f"session ended ({self._stop_reason})")
+                    return RunOutcome("failed", None, why, retry=False)
+            return RunOutcome("succeeded", 0, f"session ended ({self._stop_reason})")
         finally:
             self._host._runs.discard(self)
             self._host._started(self._name, None)  # cancelled while starting

@@ -20,11 +20,9 @@ import os
 import shutil
 import signal
 import stat
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 import psutil
 
@@ -33,15 +31,12 @@ from gpulayer.contracts import (
     Assignment,
     JobSpec,
     LogStream,
-    TaskCompletion,
     TaskSample,
     format_duration,
 )
+from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
-
-#: ``on_line(stream, text, ts)``: one line of output, without its newline.
-LineCallback = Callable[[LogStream, str, datetime], None]
 
 #: Variables of the worker's own environment that a task never inherits.
 _PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
@@ -49,30 +44,6 @@ _VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 _READ_CHUNK_BYTES = 64 * 1024
 _POLL_SECONDS = 0.02
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended, in the terms of :class:`~gpulayer.contracts.TaskCompletion`."""
-
-    state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
-    exit_code: int | None = None
-    reason: str | None = None
-    result: bytes | None = None  # a function task's pickled outcomes
-    retry: bool = True  # False: the failure is the program's answer (a function raised)
-
-    def completion(self, result_blob: str | None = None) -> TaskCompletion:
-        """The completion body the worker sends for this outcome; the result goes
-        inline unless it was uploaded as ``result_blob``."""
-        reason = None if self.reason is None else self.reason[:4096]
-        return TaskCompletion(
-            state=self.state,
-            exit_code=self.exit_code,
-            reason=reason,
-            result=None if result_blob else self.result,
-            result_blob=result_blob,
-            retry=self.retry,
-        )
 
 
 class TaskDir:
@@ -219,10 +190,13 @@ class CommandRun:
             self._cancel_reason = reason
             self._cancelled.set()
 
-    async def run(self) -> Outcome:
+    def interrupt(self) -> None:
+        """Nothing to do: a command is only ever stopped whole (:meth:`cancel`)."""
+
+    async def run(self) -> RunOutcome:
         """Run the command to its end and say how it ended. Call once."""
         if self._cancel_reason is not None:
-            return Outcome("cancelled", None, self._cancel_reason)
+            return RunOutcome("cancelled", None, self._cancel_reason)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -236,7 +210,7 @@ class CommandRun:
         except OSError as e:
             reason = f"cannot start {self.argv[0]!r}: {e.strerror or e}"
             self.on_line(LogStream.system, reason, datetime.now(UTC))
-            return Outcome("failed", None, reason)
+            return RunOutcome("failed", None, reason)
         self._proc = proc
         assert proc.stdout is not None and proc.stderr is not None
         pumps = [
@@ -274,22 +248,22 @@ class CommandRun:
             return None
         return "cancel" if cancelled in done else "timeout"
 
-    def _outcome(self, cause: str | None, returncode: int | None) -> Outcome:
+    def _outcome(self, cause: str | None, returncode: int | None) -> RunOutcome:
         """Map what ended the run and the exit status onto a task state."""
         if cause == "cancel":
-            return Outcome("cancelled", returncode, self._cancel_reason)
+            return RunOutcome("cancelled", returncode, self._cancel_reason)
         if cause == "timeout":
             reason = f"timed out after {format_duration(self.timeout_seconds)}"
-            return Outcome("timed_out", returncode, reason)
+            return RunOutcome("timed_out", returncode, reason)
         if returncode == 0:
-            return Outcome("succeeded", 0, None)
+            return RunOutcome("succeeded", 0, None)
         if returncode is not None and returncode < 0:
             try:
                 name = signal.Signals(-returncode).name
             except ValueError:
                 name = f"signal {-returncode}"
-            return Outcome("failed", returncode, f"killed by signal {name}")
-        return Outcome("failed", returncode, f"exit code {returncode}")
+            return RunOutcome("failed", returncode, f"killed by signal {name}")
+        return RunOutcome("failed", returncode, f"exit code {returncode}")
 
     # -------------------------------------------------------------- the tree
 
