@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.payload import Summary
@@ -151,14 +152,15 @@ class Runner:
             self.on_line = None
             self.idle_since = time.monotonic()
 
-    async def _recv(self) -> tuple | None:
+    async def _recv(self) -> tuple[Any, ...] | None:
         assert self.proc.stdout is not None
         try:
             head = await self.proc.stdout.readexactly(_LEN_BYTES)
             body = await self.proc.stdout.readexactly(int.from_bytes(head, "big"))
         except asyncio.IncompleteReadError:
             return None
-        return pickle.loads(body)
+        msg: tuple[Any, ...] = pickle.loads(body)  # a frame of gpulayer.worker.runner
+        return msg
 
     async def _exit_code(self) -> int | None:
         with contextlib.suppress(TimeoutError):
@@ -265,7 +267,7 @@ class RunnerPool:
             await runner.close()
             return
         self._idle.setdefault(runner.key, []).append(runner)
-        await self._trim()
+        await self.trim()
 
     async def discard(self, runner: Runner) -> None:
         """Kill a runner that crashed, timed out or was cancelled."""
@@ -306,7 +308,7 @@ class RunnerPool:
                 await runner.close()
                 return
             self._idle.setdefault(key, []).append(runner)
-            await self._trim()
+            await self.trim()
 
         task = asyncio.create_task(start(), name=_spare_name(key))
         self._spares.add(task)
@@ -317,7 +319,7 @@ class RunnerPool:
         starting = sum(self._starting.values())
         return len(self._busy) + self.idle_count() + starting < self.max_idle
 
-    async def _trim(self) -> None:
+    async def trim(self) -> None:
         """Close the longest-idle runners beyond ``max_idle`` runners in all."""
         idle = sorted((r for rs in self._idle.values() for r in rs), key=lambda r: r.idle_since)
         surplus = idle[: max(0, len(idle) + len(self._busy) - self.max_idle)]

@@ -202,7 +202,7 @@ class KernelHost:
 
     def __init__(self) -> None:
         self.sessions: dict[str, Kernel] = {}  # the kernels that are up, by session name
-        self._runs: set[SessionRun] = set()
+        self.runs: set[SessionRun] = set()  # the session tasks running here
         # Sessions assigned here whose kernel is not up yet: cells placed meanwhile wait.
         self._coming: dict[str, asyncio.Future[Kernel | None]] = {}
 
@@ -211,7 +211,8 @@ class KernelHost:
         if name not in self._coming or self._coming[name].done():
             self._coming[name] = asyncio.get_running_loop().create_future()
 
-    def _started(self, name: str, kernel: Kernel | None) -> None:
+    def started(self, name: str, kernel: Kernel | None) -> None:
+        """Session ``name``'s kernel is up (or, None, will not come): its cells go on."""
         fut = self._coming.pop(name, None)
         if fut is not None and not fut.done():
             fut.set_result(kernel)
@@ -225,14 +226,14 @@ class KernelHost:
 
     async def close(self) -> None:
         """End every session (the agent is stopping)."""
-        for run in list(self._runs):
+        for run in list(self.runs):
             run.cancel("worker shutting down")
         kernels = list(self.sessions.values())
         self.sessions.clear()
         await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
 
 
-class _Relay:
+class _IopubRelay:
     """Turns kernel messages into the task's ``iopub`` lines."""
 
     def __init__(self, on_line: LineCallback) -> None:
@@ -266,7 +267,7 @@ class CellTaskRun:
         self._env = env
         self._cwd = cwd
         self._scratch = scratch  # push/pull files (the task's own folder)
-        self._relay = _Relay(on_line)
+        self._relay = _IopubRelay(on_line)
         self._on_line = on_line
         self._kernel: Kernel | None = None
         self._stop = asyncio.Event()
@@ -372,11 +373,13 @@ class CellTaskRun:
             return self._fail(str(e))
         return self._replied(reply, None, result)
 
-    def _replied(self, reply: dict[str, Any], step: str | None, result: bytes | None = None):
+    def _replied(
+        self, reply: dict[str, Any], step: str | None, result: bytes | None = None
+    ) -> RunOutcome:
         """The outcome of a kernel reply, after relaying it as ``execute_reply``."""
         status = reply.get("status", "error")
-        content = {k: reply[k] for k in ("status", "execution_count", "ename", "evalue")
-                   if k in reply}  # fmt: skip
+        keys = ("status", "execution_count", "ename", "evalue")
+        content: dict[str, Any] = {k: reply[k] for k in keys if k in reply}
         self._relay(c.KernelMessage(msg_type="execute_reply", content=content))
         if status == "ok":
             return RunOutcome("succeeded", 0, None, result=result)
@@ -437,15 +440,15 @@ class SessionRun:
         if self._name in self._host.sessions:
             why = f"session {self._name!r} already runs here"
             return RunOutcome("failed", None, why, retry=False)
-        self._host._runs.add(self)
+        self._host.runs.add(self)
         try:
             try:
                 await self._kernel.start()
             except KernelDied as e:
-                self._host._started(self._name, None)
+                self._host.started(self._name, None)
                 return RunOutcome("failed", None, str(e), retry=False)
             self._host.sessions[self._name] = self._kernel
-            self._host._started(self._name, self._kernel)
+            self._host.started(self._name, self._kernel)
             now = datetime.now(UTC)
             self._on_line(c.LogStream.system, f"session {self._name} started", now)
             while not self._stop.is_set():
@@ -457,8 +460,8 @@ class SessionRun:
                     return RunOutcome("failed", None, why, retry=False)
             return RunOutcome("succeeded", 0, f"session ended ({self._stop_reason})")
         finally:
-            self._host._runs.discard(self)
-            self._host._started(self._name, None)  # cancelled while starting
+            self._host.runs.discard(self)
+            self._host.started(self._name, None)  # cancelled while starting
             if self._host.sessions.get(self._name) is self._kernel:
                 del self._host.sessions[self._name]
             await self._kernel.shutdown()

@@ -370,7 +370,7 @@ def _utf8_boundary(data: bytearray, limit: int) -> int:
 
 def _is_live(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
