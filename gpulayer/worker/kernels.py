@@ -112,7 +112,7 @@ class Kernel:
             language="python",
         )
         km = AsyncKernelManager(transport="ipc", connection_file=str(self._dir / "kernel.json"))
-        km._kernel_spec = spec
+        km._kernel_spec = spec  # jupyter_client takes a spec from disk only, else this
         self._km = km
         try:
             await km.start_kernel(env=self.env, cwd=str(self.cwd))

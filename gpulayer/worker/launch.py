@@ -27,7 +27,7 @@ from gpulayer import contracts as c
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
 from gpulayer.worker.kernels import CellTaskRun, KernelHost, SessionRun
-from gpulayer.worker.process import CommandRun, task_env, task_vars
+from gpulayer.worker.process import CommandRun, TaskDir, task_env, task_vars
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
@@ -92,24 +92,44 @@ class Launcher:
             data = await self._blob(a.spec.bundle)
             await asyncio.to_thread(folder.unpack, data)
         if fn is None:
-            env = task_env(a, folder.artifacts)
-            task.follow_metrics(env)
-            if a.gang is not None:
-                return GangRun(a, cwd=folder.work, env=env, on_line=task.logs.add,
-                               kill_grace_seconds=self._kill_grace_seconds)  # fmt: skip
-            return CommandRun(a.spec, cwd=folder.work, env=env, on_line=task.logs.add,
-                              kill_grace_seconds=self._kill_grace_seconds)  # fmt: skip
+            return self._command_run(task, folder)
         payload = fn.payload if fn.payload is not None else await self._blob(fn.payload_blob or "")
         if a.gang is not None:
-            env = task_env(a, folder.artifacts)
-            task.follow_metrics(env)
-            return GangCallRun(a, payload, root=folder.root, cwd=folder.work, env=env,
-                               on_line=task.logs.add,
-                               kill_grace_seconds=self._kill_grace_seconds)  # fmt: skip
+            return self._gang_call_run(task, folder, payload)
         # The runner has the rest of the environment already.
         env = task_vars(a, folder.artifacts)
-        return FunctionRun(self._runners, a, payload, env=env, cwd=folder.work,
-                           on_line=task.logs.add)  # fmt: skip
+        return FunctionRun(
+            self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add
+        )
+
+    def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
+        """A command, alone or as one node of a gang; its training metrics followed."""
+        a = task.assignment
+        env = task_env(a, folder.artifacts)
+        task.follow_metrics(env)
+        grace = self._kill_grace_seconds
+        if a.gang is not None:
+            return GangRun(
+                a, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
+            )
+        return CommandRun(
+            a.spec, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
+        )
+
+    def _gang_call_run(self, task: TaskRecord, folder: TaskDir, payload: bytes) -> Run:
+        """One node of a distributed function; its training metrics followed."""
+        a = task.assignment
+        env = task_env(a, folder.artifacts)
+        task.follow_metrics(env)
+        return GangCallRun(
+            a,
+            payload,
+            root=folder.root,
+            cwd=folder.work,
+            env=env,
+            on_line=task.logs.add,
+            kill_grace_seconds=self._kill_grace_seconds,
+        )
 
     async def _kernel_run(self, task: TaskRecord) -> Run:
         """A cell or session, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
@@ -118,16 +138,24 @@ class Launcher:
         cell = a.spec.cell
         if cell is not None and cell.session and not (cell.push or cell.push_blob or cell.pull):
             # A plain cell in a session touches no files: skip its folder (latency).
-            return CellTaskRun(self._kernels, a, env={}, cwd=Path(), scratch=Path(),
-                               on_line=task.logs.add)  # fmt: skip
+            return CellTaskRun(
+                self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
+            )
         folder = await task.make_dir(self._tasks_root)
         env = task_env(a, folder.artifacts)
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None
         push = cell.push if cell.push_blob is None else await self._blob(cell.push_blob)
-        return CellTaskRun(self._kernels, a, env=env, cwd=folder.work, scratch=folder.root,
-                           on_line=task.logs.add, push=push)  # fmt: skip
+        return CellTaskRun(
+            self._kernels,
+            a,
+            env=env,
+            cwd=folder.work,
+            scratch=folder.root,
+            on_line=task.logs.add,
+            push=push,
+        )
 
 
 def _gpus(indices: list[int]) -> str:

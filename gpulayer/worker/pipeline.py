@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote
 
 import httpx
@@ -37,8 +38,11 @@ _ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before
 _CHUNK_BYTES = 1024 * 1024
 _CELL_BATCH_SECONDS = 0.002
 
-#: ``heartbeat(retry=...)``: send one; True when the control plane answered it.
-Heartbeat = Callable[..., Awaitable[bool]]
+
+class Heartbeat(Protocol):
+    """Send one heartbeat; True when the control plane answered it."""
+
+    async def __call__(self, *, retry: bool = True) -> bool: ...
 
 
 class Pipeline:
