@@ -40,8 +40,9 @@ from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.pipeline import Pipeline
-from gpulayer.worker.process import TreeSampler, inherited_env
+from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
+from gpulayer.worker.workspace import inherited_env
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Agent:
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
         ).absolute()
         self.devices = devices.discover()
-        self._gpu_telemetry = devices.GpuTelemetry(self.devices)
+        self._gpu_telemetry = GpuTelemetry(self.devices)
         self._trees = TreeSampler()
         self._heartbeat_seconds = 10.0
         self._uplink = Uplink(

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from gpulayer.contracts import Accelerator, Device, GpuSample
+from gpulayer.contracts import Accelerator, Device
 
 log = logging.getLogger(__name__)
 
@@ -267,65 +267,3 @@ def _mps_devices() -> list[Device]:
             memory_kind="unified",
         )
     ]
-
-
-class GpuTelemetry:
-    """Per-GPU readings for heartbeats; one NVML session for the agent's lifetime.
-
-    Simulated GPUs and GPUs NVML cannot read report their index only.
-    """
-
-    def __init__(self, devices: list[Device]) -> None:
-        self.devices = devices
-        self._nvml: ModuleType | None = None
-        if not any(d.kind == "cuda" and not d.simulated for d in devices):
-            return
-        try:
-            import pynvml
-        except ImportError:
-            return
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            log.debug("no NVML telemetry: %s", e)
-            return
-        self._nvml = pynvml
-
-    def sample(self) -> list[GpuSample]:
-        """One reading per device."""
-        out = []
-        for d in self.devices:
-            if self._nvml is None or d.simulated or d.kind != "cuda":
-                out.append(GpuSample(index=d.index))
-                continue
-            out.append(self._nvml_sample(d.index))
-        return out
-
-    def _nvml_sample(self, index: int) -> GpuSample:
-        nv = self._nvml
-        assert nv is not None
-        try:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-        except nv.NVMLError as e:
-            log.debug("NVML reading of GPU %d failed: %s", index, e)
-            return GpuSample(index=index)
-        return GpuSample(
-            index=index,
-            utilization_percent=float(util.gpu),
-            memory_used_bytes=int(mem.used),
-            temperature_c=float(temp),
-            power_w=power,
-        )
-
-    def close(self) -> None:
-        """End the NVML session."""
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError as e:
-                log.debug("nvmlShutdown failed: %s", e)
-            self._nvml = None

@@ -26,11 +26,13 @@ from pathlib import Path
 from gpulayer import contracts as c
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
-from gpulayer.worker.kernels import CellTaskRun, KernelHost, SessionRun
-from gpulayer.worker.process import CommandRun, TaskDir, task_env, task_vars
+from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
+from gpulayer.worker.kernels import KernelHost
+from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
+from gpulayer.worker.workspace import TaskDir, task_env, task_vars
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,7 @@
 """Run a command task as a child process, independent of HTTP.
 
-A task gets a directory ``<data_dir>/tasks/<task_id>/`` (:class:`TaskDir`) with
-``work/`` (its cwd, where the job's bundle is unpacked) and ``artifacts/`` (files
-to keep). :class:`CommandRun` starts the command in a new session, so the child
+The task's folder and environment come from :mod:`gpulayer.worker.workspace`.
+:class:`CommandRun` starts the command in a new session, so the child
 and everything it forks share one process group, and hands every output line to
 a callback as it arrives.
 
@@ -17,115 +16,24 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import stat
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
-from gpulayer import bundle
 from gpulayer.contracts import (
-    Assignment,
     JobSpec,
     LogStream,
-    TaskSample,
     format_duration,
 )
 from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
 
-#: Variables of the worker's own environment that a task never inherits.
-_PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
-_VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-
 _READ_CHUNK_BYTES = 64 * 1024
 _POLL_SECONDS = 0.02
-
-
-class TaskDir:
-    """``<tasks_root>/<task_id>/`` with ``work/`` (the cwd) and ``artifacts/``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.work = root / "work"
-        self.artifacts = root / "artifacts"
-
-    @classmethod
-    def create(cls, tasks_root: Path, task_id: str) -> "TaskDir":
-        """Make a fresh, empty task directory (blocking: call it in a thread)."""
-        task_dir = cls(Path(tasks_root).absolute() / task_id)
-        if task_dir.root.exists():
-            shutil.rmtree(task_dir.root)
-        task_dir.work.mkdir(parents=True)
-        task_dir.artifacts.mkdir()
-        return task_dir
-
-    def unpack(self, data: bytes) -> None:
-        """Unpack a source bundle into ``work/`` (blocking).
-
-        Raises
-        ------
-        gpulayer.errors.ValidationError
-            If the bundle is not a safe tar.gz.
-        """
-        bundle.unpack(data, self.work)
-
-    def artifact_files(self) -> list[tuple[str, Path]]:
-        """``(name, path)`` of every regular file under ``artifacts/``, names relative
-        posix paths, symlinks skipped (blocking)."""
-        files = []
-        for dirpath, dirnames, filenames in os.walk(self.artifacts):
-            dirnames.sort()
-            for fname in sorted(filenames):
-                path = Path(dirpath, fname)
-                if stat.S_ISREG(path.lstat().st_mode):
-                    files.append((path.relative_to(self.artifacts).as_posix(), path))
-        return files
-
-    def remove(self) -> None:
-        """Delete the task directory and everything in it (blocking); an empty one
-        (the usual function call) costs three ``rmdir``."""
-        try:
-            for d in (self.work, self.artifacts, self.root):
-                d.rmdir()
-        except OSError:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a task's environment starts from: ``base`` (default ``os.environ``)
-    without the worker's secrets."""
-    source = os.environ if base is None else base
-    return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
-
-
-def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
-    """The variables gpulayer guarantees each task (a job cannot override them)."""
-    return {
-        "GPULAYER_JOB_ID": assignment.job_id,
-        "GPULAYER_TASK_ID": assignment.task_id,
-        "GPULAYER_ATTEMPT": str(assignment.attempt),
-        "GPULAYER_ARTIFACTS": str(Path(artifacts).absolute()),
-    }
-
-
-def task_env(
-    assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The environment of a task's process: ``base`` (default ``os.environ``), then the
-    job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
-    env = inherited_env(base)
-    env.update(assignment.spec.env)
-    env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
-    # The reservation, for every vendor's runtime (a job cannot widen it).
-    visible = ",".join(str(i) for i in assignment.gpu_indices)
-    for var in _VISIBLE_DEVICES_ENV:
-        env[var] = visible
-    return env
 
 
 def argv_for(spec: JobSpec) -> list[str]:
@@ -391,41 +299,3 @@ def _group_members(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             continue
     return members
-
-
-class TreeSampler:
-    """CPU and memory of each running task's process tree, for heartbeats.
-
-    psutil's ``cpu_percent`` measures since the previous call on the same
-    ``Process`` object, so the sampler keeps them between heartbeats.
-    """
-
-    def __init__(self) -> None:
-        self._procs: dict[int, psutil.Process] = {}
-
-    def sample(self, task_id: str, pid: int | None) -> TaskSample:
-        """One reading of the tree rooted at ``pid`` (zeros once it is gone)."""
-        if pid is None:
-            return TaskSample(task_id=task_id)
-        try:
-            root = self._procs.setdefault(pid, psutil.Process(pid))
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            self._procs.pop(pid, None)
-            return TaskSample(task_id=task_id)
-        cpu, rss, alive = 0.0, 0, 0
-        for p in tree:
-            p = self._procs.setdefault(p.pid, p)
-            try:
-                cpu += p.cpu_percent(None)
-                rss += p.memory_info().rss
-                alive += 1
-            except psutil.Error:
-                self._procs.pop(p.pid, None)
-        return TaskSample(task_id=task_id, cpu_percent=cpu, rss_bytes=rss, processes=alive)
-
-    def forget(self, pids: set[int]) -> None:
-        """Drop cached processes that are not in ``pids`` any more."""
-        for pid in list(self._procs):
-            if pid not in pids and not self._procs[pid].is_running():
-                del self._procs[pid]

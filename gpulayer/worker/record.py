@@ -10,9 +10,9 @@ from typing import TypeVar
 
 from gpulayer import contracts as c
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.process import TaskDir
 from gpulayer.worker.runs import Run
 from gpulayer.worker.training_metrics import METRICS_FILE_ENV, TrainingMetricsFollower
+from gpulayer.worker.workspace import TaskDir
 
 log = logging.getLogger(__name__)
 

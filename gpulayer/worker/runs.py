@@ -4,8 +4,8 @@ A task runs as one of
 
 * :class:`~gpulayer.worker.process.CommandRun`: a command or shell line,
 * :class:`~gpulayer.worker.functions.FunctionRun`: a pickled call in a warm runner,
-* :class:`~gpulayer.worker.kernels.CellTaskRun`: a cell in a headless kernel,
-* :class:`~gpulayer.worker.kernels.SessionRun`: a kernel kept for a session,
+* :class:`~gpulayer.worker.kernel_runs.CellTaskRun`: a cell in a headless kernel,
+* :class:`~gpulayer.worker.kernel_runs.SessionRun`: a kernel kept for a session,
 * :class:`~gpulayer.worker.torchrun.GangRun`: one node of a distributed command,
 * :class:`~gpulayer.worker.gang_call.GangCallRun`: one node of a distributed function.
 

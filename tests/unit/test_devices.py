@@ -114,7 +114,7 @@ def test_rocm_smi_json_is_parsed():
 
 
 def test_telemetry_of_simulated_gpus_reports_each_index():
-    from gpulayer.worker.devices import GpuTelemetry
+    from gpulayer.worker.telemetry import GpuTelemetry
 
     t = GpuTelemetry(parse_simulated("2xA100-80GB"))
     assert [s.index for s in t.sample()] == [0, 1]
@@ -128,7 +128,8 @@ def test_nvml_reports_real_gpus_with_capabilities():
 
     if os.environ.get("GPULAYER_RUN_GPU_TESTS") != "1":
         pytest.skip("set GPULAYER_RUN_GPU_TESTS=1 on a machine with an NVIDIA GPU")
-    from gpulayer.worker.devices import GpuTelemetry, nvml_devices
+    from gpulayer.worker.devices import nvml_devices
+    from gpulayer.worker.telemetry import GpuTelemetry
 
     devs = nvml_devices()
     if not devs:

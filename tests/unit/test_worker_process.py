@@ -17,8 +17,9 @@ import pytest
 from gpulayer import bundle
 from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.process import CommandRun, TaskDir, task_env
+from gpulayer.worker.process import CommandRun
 from gpulayer.worker.runs import RunOutcome
+from gpulayer.worker.workspace import TaskDir, task_env
 
 GRACE_SECONDS = 0.5
 
