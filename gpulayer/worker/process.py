@@ -1,9 +1,9 @@
 """Run a command task as a child process, independent of HTTP.
 
 The task's folder and environment come from :mod:`gpulayer.worker.workspace`.
-:class:`CommandRun` starts the command in a new session, so the child
-and everything it forks share one process group, and hands every output line to
-a callback as it arrives.
+:class:`CommandRun` starts the command in a new session, so the child and
+everything it forks share one process group, and hands every output line to a
+callback as it arrives.
 
 Whatever ends the run, the whole process tree goes with it: a timeout or a cancel
 sends SIGTERM to the group (and to descendants that left it) and SIGKILL after a
@@ -23,11 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from gpulayer.contracts import (
-    JobSpec,
-    LogStream,
-    format_duration,
-)
+from gpulayer.contracts import JobSpec, LogStream, format_duration
 from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
