@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from gpulayer.contracts import Device, GpuSample
+from gpulayer.contracts import Accelerator, Device
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ _ITEM = re.compile(
     r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?:(?P<kind>cuda|rocm|mps):)?"
     r"(?P<model>.+?)-(?P<memory>\d+(?:\.\d+)?)\s*GB$"
 )
+_KINDS: dict[str, Accelerator] = {"cuda": "cuda", "rocm": "rocm", "mps": "mps"}
 #: Compute capabilities of common NVIDIA models, so simulated GPUs can be matched
 #: by ``min_compute_capability`` like real ones.
 _COMPUTE_CAPABILITY = {
@@ -82,7 +83,7 @@ def discover() -> list[Device]:
     simulated = os.environ.get(SIMULATED_GPUS_ENV)
     if simulated is not None:
         return parse_simulated(simulated)
-    return _nvml_devices() or _rocm_devices() or _mps_devices()
+    return nvml_devices() or _rocm_devices() or _mps_devices()
 
 
 def parse_simulated(value: str) -> list[Device]:
@@ -118,7 +119,7 @@ def parse_simulated(value: str) -> list[Device]:
     return devices
 
 
-def _parse_item(item: str, value: str) -> tuple[int, str, str, int]:
+def _parse_item(item: str, value: str) -> tuple[int, Accelerator, str, int]:
     """``(count, kind, model, memory_bytes)`` of one item, or a ValueError naming it."""
     m = _ITEM.match(item)
     model = m.group("model").strip() if m else ""
@@ -131,10 +132,10 @@ def _parse_item(item: str, value: str) -> tuple[int, str, str, int]:
             f"{SIMULATED_GPUS_ENV}={value!r}: {item!r} needs a count and memory above 0;"
             f" {_ACCEPTED}"
         )
-    return count, m.group("kind") or "cuda", model, memory_bytes
+    return count, _KINDS[m.group("kind") or "cuda"], model, memory_bytes
 
 
-def _nvml_devices() -> list[Device]:
+def nvml_devices() -> list[Device]:
     """The GPUs NVML reports; none (never an error) when there is no driver or no pynvml."""
     try:
         import pynvml  # lazily: `import gpulayer` must not load it
@@ -193,13 +194,13 @@ def _rocm_devices() -> list[Device]:
                 timeout=10,
                 check=True,
             ).stdout
-            return _parse_rocm_smi(json.loads(out))
+            return parse_rocm_smi(json.loads(out))
         except (OSError, subprocess.SubprocessError, ValueError) as e:
             log.debug("rocm-smi failed (%s); trying sysfs", e)
-    return _sysfs_amd_devices(Path("/sys/class/drm"))
+    return sysfs_amd_devices(Path("/sys/class/drm"))
 
 
-def _parse_rocm_smi(data: dict[str, dict[str, str]]) -> list[Device]:
+def parse_rocm_smi(data: dict[str, dict[str, str]]) -> list[Device]:
     """Devices from ``rocm-smi --json`` output (keys ``card0``, ``card1``, ...)."""
     devices = []
     cards = sorted((k for k in data if k.startswith("card")), key=lambda k: int(k[4:] or 0))
@@ -219,7 +220,7 @@ def _parse_rocm_smi(data: dict[str, dict[str, str]]) -> list[Device]:
     return devices
 
 
-def _sysfs_amd_devices(drm: Path) -> list[Device]:
+def sysfs_amd_devices(drm: Path) -> list[Device]:
     """AMD GPUs (PCI vendor 0x1002) as the amdgpu driver shows them in sysfs."""
     devices: list[Device] = []
     for card in sorted(drm.glob("card[0-9]*"), key=lambda p: p.name):
@@ -266,65 +267,3 @@ def _mps_devices() -> list[Device]:
             memory_kind="unified",
         )
     ]
-
-
-class GpuTelemetry:
-    """Per-GPU readings for heartbeats; one NVML session for the agent's lifetime.
-
-    Simulated GPUs and GPUs NVML cannot read report their index only.
-    """
-
-    def __init__(self, devices: list[Device]) -> None:
-        self.devices = devices
-        self._nvml: ModuleType | None = None
-        if not any(d.kind == "cuda" and not d.simulated for d in devices):
-            return
-        try:
-            import pynvml
-        except ImportError:
-            return
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            log.debug("no NVML telemetry: %s", e)
-            return
-        self._nvml = pynvml
-
-    def sample(self) -> list[GpuSample]:
-        """One reading per device."""
-        out = []
-        for d in self.devices:
-            if self._nvml is None or d.simulated or d.kind != "cuda":
-                out.append(GpuSample(index=d.index))
-                continue
-            out.append(self._nvml_sample(d.index))
-        return out
-
-    def _nvml_sample(self, index: int) -> GpuSample:
-        nv = self._nvml
-        assert nv is not None
-        try:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-        except nv.NVMLError as e:
-            log.debug("NVML reading of GPU %d failed: %s", index, e)
-            return GpuSample(index=index)
-        return GpuSample(
-            index=index,
-            utilization_percent=float(util.gpu),
-            memory_used_bytes=int(mem.used),
-            temperature_c=float(temp),
-            power_w=power,
-        )
-
-    def close(self) -> None:
-        """End the NVML session."""
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError as e:
-                log.debug("nvmlShutdown failed: %s", e)
-            self._nvml = None

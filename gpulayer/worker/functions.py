@@ -31,14 +31,15 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.payload import Summary
-from gpulayer.worker.process import Outcome
+from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ _LEN_BYTES = 8
 _START_TIMEOUT_SECONDS = 60.0
 
 Key = tuple[tuple[int, ...], tuple[tuple[str, str], ...]]
-LineCallback = Callable[[c.LogStream, str, datetime], None]
 
 
 class RunnerDied(Exception):
@@ -152,14 +152,15 @@ class Runner:
             self.on_line = None
             self.idle_since = time.monotonic()
 
-    async def _recv(self) -> tuple | None:
+    async def _recv(self) -> tuple[Any, ...] | None:
         assert self.proc.stdout is not None
         try:
             head = await self.proc.stdout.readexactly(_LEN_BYTES)
             body = await self.proc.stdout.readexactly(int.from_bytes(head, "big"))
         except asyncio.IncompleteReadError:
             return None
-        return pickle.loads(body)
+        msg: tuple[Any, ...] = pickle.loads(body)  # a frame of gpulayer.worker.runner
+        return msg
 
     async def _exit_code(self) -> int | None:
         with contextlib.suppress(TimeoutError):
@@ -266,7 +267,7 @@ class RunnerPool:
             await runner.close()
             return
         self._idle.setdefault(runner.key, []).append(runner)
-        await self._trim()
+        await self.trim()
 
     async def discard(self, runner: Runner) -> None:
         """Kill a runner that crashed, timed out or was cancelled."""
@@ -307,7 +308,7 @@ class RunnerPool:
                 await runner.close()
                 return
             self._idle.setdefault(key, []).append(runner)
-            await self._trim()
+            await self.trim()
 
         task = asyncio.create_task(start(), name=_spare_name(key))
         self._spares.add(task)
@@ -318,7 +319,7 @@ class RunnerPool:
         starting = sum(self._starting.values())
         return len(self._busy) + self.idle_count() + starting < self.max_idle
 
-    async def _trim(self) -> None:
+    async def trim(self) -> None:
         """Close the longest-idle runners beyond ``max_idle`` runners in all."""
         idle = sorted((r for rs in self._idle.values() for r in rs), key=lambda r: r.idle_since)
         surplus = idle[: max(0, len(idle) + len(self._busy) - self.max_idle)]
@@ -373,11 +374,14 @@ class FunctionRun:
             self._cancel_reason = reason
         self._cancelled.set()
 
-    async def run(self) -> Outcome:
+    def interrupt(self) -> None:
+        """Nothing to do: a call is only ever stopped whole (:meth:`cancel`)."""
+
+    async def run(self) -> RunOutcome:
         """Make the call; never raises for what the function does."""
         spec = self._a.spec
         if self._cancelled.is_set():
-            return Outcome("cancelled", None, self._cancel_reason)
+            return RunOutcome("cancelled", None, self._cancel_reason)
         runner = self._runner = await self._pool.take(key_for(self._a))
         call = asyncio.create_task(
             runner.call(self._a.task_id, self._data, self._env, self._cwd, self._on_line)
@@ -395,20 +399,20 @@ class FunctionRun:
                 await call
             await self._pool.discard(runner)
             if self._cancelled.is_set():
-                return Outcome("cancelled", None, self._cancel_reason)
-            return Outcome("timed_out", None, f"timed out after {spec.timeout:g} s")
+                return RunOutcome("cancelled", None, self._cancel_reason)
+            return RunOutcome("timed_out", None, f"timed out after {spec.timeout:g} s")
         try:
             result, summary = call.result()
         except RunnerDied as e:
             await self._pool.discard(runner)
             self._on_line(c.LogStream.system, str(e), datetime.now(UTC))
-            return Outcome("failed", e.returncode, str(e))
+            return RunOutcome("failed", e.returncode, str(e))
         await self._pool.give_back(runner)
         if summary.errors == 0:
-            return Outcome("succeeded", 0, None, result=result)
+            return RunOutcome("succeeded", 0, None, result=result)
         if summary.calls == 1:
             why = f"raised {summary.first_error}"
         else:
             why = f"{summary.errors} of {summary.calls} calls raised; first: {summary.first_error}"
         retry = spec.function is not None and spec.function.retry_exceptions
-        return Outcome("failed", 1, why, result=result, retry=retry)
+        return RunOutcome("failed", 1, why, result=result, retry=retry)

@@ -47,7 +47,7 @@ class LogShipper:
         self._stopped = False
 
     def add(self, stream: c.LogStream, text: str, ts: datetime, rank: int | None = None) -> None:
-        """Queue one line (the :data:`~gpulayer.worker.process.LineCallback`); ``rank``
+        """Queue one line (the :data:`~gpulayer.worker.runs.LineCallback`); ``rank``
         is the global rank of a gang's process that wrote it."""
         if self._stopped:
             return

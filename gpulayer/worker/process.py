@@ -1,10 +1,9 @@
 """Run a command task as a child process, independent of HTTP.
 
-A task gets a directory ``<data_dir>/tasks/<task_id>/`` (:class:`TaskDir`) with
-``work/`` (its cwd, where the job's bundle is unpacked) and ``artifacts/`` (files
-to keep). :class:`CommandRun` starts the command in a new session, so the child
-and everything it forks share one process group, and hands every output line to
-a callback as it arrives.
+The task's folder and environment come from :mod:`gpulayer.worker.workspace`.
+:class:`CommandRun` starts the command in a new session, so the child and
+everything it forks share one process group, and hands every output line to a
+callback as it arrives.
 
 Whatever ends the run, the whole process tree goes with it: a timeout or a cancel
 sends SIGTERM to the group (and to descendants that left it) and SIGKILL after a
@@ -17,144 +16,20 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import stat
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 import psutil
 
-from gpulayer import bundle
-from gpulayer.contracts import (
-    Assignment,
-    JobSpec,
-    LogStream,
-    TaskCompletion,
-    TaskSample,
-    format_duration,
-)
+from gpulayer.contracts import JobSpec, LogStream, format_duration
+from gpulayer.worker.runs import LineCallback, RunOutcome
 
 log = logging.getLogger(__name__)
 
-#: ``on_line(stream, text, ts)``: one line of output, without its newline.
-LineCallback = Callable[[LogStream, str, datetime], None]
-
-#: Variables of the worker's own environment that a task never inherits.
-_PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
-_VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-
 _READ_CHUNK_BYTES = 64 * 1024
 _POLL_SECONDS = 0.02
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended, in the terms of :class:`~gpulayer.contracts.TaskCompletion`."""
-
-    state: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
-    exit_code: int | None = None
-    reason: str | None = None
-    result: bytes | None = None  # a function task's pickled outcomes
-    retry: bool = True  # False: the failure is the program's answer (a function raised)
-
-    def completion(self, result_blob: str | None = None) -> TaskCompletion:
-        """The completion body the worker sends for this outcome; the result goes
-        inline unless it was uploaded as ``result_blob``."""
-        reason = None if self.reason is None else self.reason[:4096]
-        return TaskCompletion(
-            state=self.state,
-            exit_code=self.exit_code,
-            reason=reason,
-            result=None if result_blob else self.result,
-            result_blob=result_blob,
-            retry=self.retry,
-        )
-
-
-class TaskDir:
-    """``<tasks_root>/<task_id>/`` with ``work/`` (the cwd) and ``artifacts/``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.work = root / "work"
-        self.artifacts = root / "artifacts"
-
-    @classmethod
-    def create(cls, tasks_root: Path, task_id: str) -> "TaskDir":
-        """Make a fresh, empty task directory (blocking: call it in a thread)."""
-        task_dir = cls(Path(tasks_root).absolute() / task_id)
-        if task_dir.root.exists():
-            shutil.rmtree(task_dir.root)
-        task_dir.work.mkdir(parents=True)
-        task_dir.artifacts.mkdir()
-        return task_dir
-
-    def unpack(self, data: bytes) -> None:
-        """Unpack a source bundle into ``work/`` (blocking).
-
-        Raises
-        ------
-        gpulayer.errors.ValidationError
-            If the bundle is not a safe tar.gz.
-        """
-        bundle.unpack(data, self.work)
-
-    def artifact_files(self) -> list[tuple[str, Path]]:
-        """``(name, path)`` of every regular file under ``artifacts/``, names relative
-        posix paths, symlinks skipped (blocking)."""
-        files = []
-        for dirpath, dirnames, filenames in os.walk(self.artifacts):
-            dirnames.sort()
-            for fname in sorted(filenames):
-                path = Path(dirpath, fname)
-                if stat.S_ISREG(path.lstat().st_mode):
-                    files.append((path.relative_to(self.artifacts).as_posix(), path))
-        return files
-
-    def remove(self) -> None:
-        """Delete the task directory and everything in it (blocking); an empty one
-        (the usual function call) costs three ``rmdir``."""
-        try:
-            for d in (self.work, self.artifacts, self.root):
-                d.rmdir()
-        except OSError:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a task's environment starts from: ``base`` (default ``os.environ``)
-    without the worker's secrets."""
-    source = os.environ if base is None else base
-    return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
-
-
-def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
-    """The variables gpulayer guarantees each task (a job cannot override them)."""
-    return {
-        "GPULAYER_JOB_ID": assignment.job_id,
-        "GPULAYER_TASK_ID": assignment.task_id,
-        "GPULAYER_ATTEMPT": str(assignment.attempt),
-        "GPULAYER_ARTIFACTS": str(Path(artifacts).absolute()),
-    }
-
-
-def task_env(
-    assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The environment of a task's process: ``base`` (default ``os.environ``), then the
-    job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
-    env = inherited_env(base)
-    env.update(assignment.spec.env)
-    env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
-    # The reservation, for every vendor's runtime (a job cannot widen it).
-    visible = ",".join(str(i) for i in assignment.gpu_indices)
-    for var in _VISIBLE_DEVICES_ENV:
-        env[var] = visible
-    return env
 
 
 def argv_for(spec: JobSpec) -> list[str]:
@@ -219,10 +94,13 @@ class CommandRun:
             self._cancel_reason = reason
             self._cancelled.set()
 
-    async def run(self) -> Outcome:
+    def interrupt(self) -> None:
+        """Nothing to do: a command is only ever stopped whole (:meth:`cancel`)."""
+
+    async def run(self) -> RunOutcome:
         """Run the command to its end and say how it ended. Call once."""
         if self._cancel_reason is not None:
-            return Outcome("cancelled", None, self._cancel_reason)
+            return RunOutcome("cancelled", None, self._cancel_reason)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -236,7 +114,7 @@ class CommandRun:
         except OSError as e:
             reason = f"cannot start {self.argv[0]!r}: {e.strerror or e}"
             self.on_line(LogStream.system, reason, datetime.now(UTC))
-            return Outcome("failed", None, reason)
+            return RunOutcome("failed", None, reason)
         self._proc = proc
         assert proc.stdout is not None and proc.stderr is not None
         pumps = [
@@ -274,22 +152,22 @@ class CommandRun:
             return None
         return "cancel" if cancelled in done else "timeout"
 
-    def _outcome(self, cause: str | None, returncode: int | None) -> Outcome:
+    def _outcome(self, cause: str | None, returncode: int | None) -> RunOutcome:
         """Map what ended the run and the exit status onto a task state."""
         if cause == "cancel":
-            return Outcome("cancelled", returncode, self._cancel_reason)
+            return RunOutcome("cancelled", returncode, self._cancel_reason)
         if cause == "timeout":
             reason = f"timed out after {format_duration(self.timeout_seconds)}"
-            return Outcome("timed_out", returncode, reason)
+            return RunOutcome("timed_out", returncode, reason)
         if returncode == 0:
-            return Outcome("succeeded", 0, None)
+            return RunOutcome("succeeded", 0, None)
         if returncode is not None and returncode < 0:
             try:
                 name = signal.Signals(-returncode).name
             except ValueError:
                 name = f"signal {-returncode}"
-            return Outcome("failed", returncode, f"killed by signal {name}")
-        return Outcome("failed", returncode, f"exit code {returncode}")
+            return RunOutcome("failed", returncode, f"killed by signal {name}")
+        return RunOutcome("failed", returncode, f"exit code {returncode}")
 
     # -------------------------------------------------------------- the tree
 
@@ -396,7 +274,7 @@ def _utf8_boundary(data: bytearray, limit: int) -> int:
 
 def _is_live(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -417,41 +295,3 @@ def _group_members(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             continue
     return members
-
-
-class TreeSampler:
-    """CPU and memory of each running task's process tree, for heartbeats.
-
-    psutil's ``cpu_percent`` measures since the previous call on the same
-    ``Process`` object, so the sampler keeps them between heartbeats.
-    """
-
-    def __init__(self) -> None:
-        self._procs: dict[int, psutil.Process] = {}
-
-    def sample(self, task_id: str, pid: int | None) -> TaskSample:
-        """One reading of the tree rooted at ``pid`` (zeros once it is gone)."""
-        if pid is None:
-            return TaskSample(task_id=task_id)
-        try:
-            root = self._procs.setdefault(pid, psutil.Process(pid))
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            self._procs.pop(pid, None)
-            return TaskSample(task_id=task_id)
-        cpu, rss, alive = 0.0, 0, 0
-        for p in tree:
-            p = self._procs.setdefault(p.pid, p)
-            try:
-                cpu += p.cpu_percent(None)
-                rss += p.memory_info().rss
-                alive += 1
-            except psutil.Error:
-                self._procs.pop(p.pid, None)
-        return TaskSample(task_id=task_id, cpu_percent=cpu, rss_bytes=rss, processes=alive)
-
-    def forget(self, pids: set[int]) -> None:
-        """Drop cached processes that are not in ``pids`` any more."""
-        for pid in list(self._procs):
-            if pid not in pids and not self._procs[pid].is_running():
-                del self._procs[pid]

@@ -61,7 +61,7 @@ class Channel:
         return bytes(buf)
 
 
-class _Relay:
+class _FrameStream:
     """A text stream that sends each complete line (and, on flush, the rest) as a frame."""
 
     encoding = "utf-8"
@@ -109,8 +109,8 @@ def main() -> None:
     os.close(devnull)
     os.dup2(2, 1)  # C-level stdout joins stderr, which the worker reads line by line
     channel = Channel(rfile, wfile)
-    out, err = _Relay(channel, "stdout"), _Relay(channel, "stderr")
-    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    out, err = _FrameStream(channel, "stdout"), _FrameStream(channel, "stderr")
+    sys.stdout, sys.stderr = out, err
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     channel.send(("ready", os.getpid()))
     per_call: set[str] = set()

@@ -35,7 +35,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gpulayer.contracts import Assignment, Gang, LogStream
-from gpulayer.worker.process import CommandRun, Outcome, argv_for
+from gpulayer.worker.process import CommandRun, argv_for
+from gpulayer.worker.runs import RunOutcome
 
 #: ``on_line(stream, text, ts, rank)``.
 RankedLineCallback = Callable[[LogStream, str, datetime, int | None], None]
@@ -145,17 +146,20 @@ class GangRun:
         for run in self._runs:
             run.cancel(reason)
 
-    async def run(self) -> Outcome:
+    def interrupt(self) -> None:
+        """Nothing to do: a node is only ever stopped whole (:meth:`cancel`)."""
+
+    async def run(self) -> RunOutcome:
         """Run the node to its end."""
         if self._cancel_reason is not None:
-            return Outcome("cancelled", None, self._cancel_reason)
+            return RunOutcome("cancelled", None, self._cancel_reason)
         if self.spec.launcher == "direct":
             return await self._direct()
         return await self._torchrun()
 
     # ---------------------------------------------------------------- torchrun
 
-    async def _torchrun(self) -> Outcome:
+    async def _torchrun(self) -> RunOutcome:
         argv = torchrun_argv(self.gang, argv_for(self.spec))
         env = {**self.env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[gl-rank${rank}]:"}
         spec = self.spec.model_copy(update={"command": argv, "shell": None})
@@ -194,7 +198,7 @@ class GangRun:
 
     # ------------------------------------------------------------------ direct
 
-    async def _direct(self) -> Outcome:
+    async def _direct(self) -> RunOutcome:
         g = self.gang
         argv = argv_for(self.spec)
         spec = self.spec.model_copy(update={"command": argv, "shell": None})
@@ -215,8 +219,8 @@ class GangRun:
                 r.cancel(self._cancel_reason)
         first = g.node_rank * g.nproc_per_node
         pending = {asyncio.ensure_future(r.run()): first + i for i, r in enumerate(self._runs)}
-        outcomes: dict[int, Outcome] = {}
-        failed: tuple[int, Outcome] | None = None
+        outcomes: dict[int, RunOutcome] = {}
+        failed: tuple[int, RunOutcome] | None = None
         try:
             while pending:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -231,7 +235,7 @@ class GangRun:
             for fut in pending:
                 fut.cancel()
         if failed is None:
-            return Outcome("succeeded", 0, None)
+            return RunOutcome("succeeded", 0, None)
         rank, out = failed
         if out.state in ("cancelled", "timed_out"):
             return out
@@ -246,13 +250,13 @@ class GangRun:
 
     # ---------------------------------------------------------------- failures
 
-    async def _failed(self, rank: int, how: str, exit_code: int | None) -> Outcome:
+    async def _failed(self, rank: int, how: str, exit_code: int | None) -> RunOutcome:
         if self._cancel_reason is not None:
-            return Outcome("cancelled", exit_code, self._cancel_reason)
+            return RunOutcome("cancelled", exit_code, self._cancel_reason)
         self.failed_rank = rank
         error = self._tails.error(rank)
         reason = f"rank {rank} failed: {how}" + (f": {error}" if error else "")
         if self._tails.collateral(rank):
             # Most likely a peer's failure: let the node where it began report first.
             await asyncio.sleep(_COLLATERAL_DELAY_SECONDS)
-        return Outcome("failed", exit_code, reason)
+        return RunOutcome("failed", exit_code, reason)

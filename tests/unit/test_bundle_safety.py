@@ -1,7 +1,7 @@
 """Hostile source bundles: every malicious tar is refused before anything is written.
 
 Each archive is built with :mod:`tarfile` as an attacker would; the worker's
-:class:`~gpulayer.worker.process.TaskDir` unpacks it. Nothing may appear outside
+:class:`~gpulayer.worker.workspace.TaskDir` unpacks it. Nothing may appear outside
 the task directory, and (since every member is checked first) nothing inside it.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from gpulayer import bundle
 from gpulayer.errors import PayloadTooLarge, ValidationError
-from gpulayer.worker.process import TaskDir
+from gpulayer.worker.workspace import TaskDir
 
 
 def tar_gz(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:

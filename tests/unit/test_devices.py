@@ -75,7 +75,7 @@ def test_simulated_kinds_and_compute_capabilities():
 
 
 def test_amd_gpus_are_read_from_a_sysfs_tree(tmp_path):
-    from gpulayer.worker.devices import _sysfs_amd_devices
+    from gpulayer.worker.devices import sysfs_amd_devices
 
     for card, vendor, vram in (
         ("card0", "0x1002", 64 << 30),
@@ -87,7 +87,7 @@ def test_amd_gpus_are_read_from_a_sysfs_tree(tmp_path):
         (dev / "vendor").write_text(vendor + "\n")
         (dev / "device").write_text("0x740c\n")
         (dev / "mem_info_vram_total").write_text(str(vram))
-    devs = _sysfs_amd_devices(tmp_path)
+    devs = sysfs_amd_devices(tmp_path)
     assert [(d.index, d.kind, d.memory_bytes) for d in devs] == [
         (0, "rocm", 64 << 30),
         (1, "rocm", 32 << 30),
@@ -95,7 +95,7 @@ def test_amd_gpus_are_read_from_a_sysfs_tree(tmp_path):
 
 
 def test_rocm_smi_json_is_parsed():
-    from gpulayer.worker.devices import _parse_rocm_smi
+    from gpulayer.worker.devices import parse_rocm_smi
 
     out = {
         "card1": {"Card series": "Instinct MI210", "VRAM Total Memory (B)": "68702699520"},
@@ -106,7 +106,7 @@ def test_rocm_smi_json_is_parsed():
         },
         "system": {"Driver version": "6.7"},
     }
-    devs = _parse_rocm_smi(out)
+    devs = parse_rocm_smi(out)
     assert [(d.index, d.name, d.uuid) for d in devs] == [
         (0, "Instinct MI250X", "0x1234"),
         (1, "Instinct MI210", None),
@@ -114,7 +114,7 @@ def test_rocm_smi_json_is_parsed():
 
 
 def test_telemetry_of_simulated_gpus_reports_each_index():
-    from gpulayer.worker.devices import GpuTelemetry
+    from gpulayer.worker.telemetry import GpuTelemetry
 
     t = GpuTelemetry(parse_simulated("2xA100-80GB"))
     assert [s.index for s in t.sample()] == [0, 1]
@@ -128,9 +128,10 @@ def test_nvml_reports_real_gpus_with_capabilities():
 
     if os.environ.get("GPULAYER_RUN_GPU_TESTS") != "1":
         pytest.skip("set GPULAYER_RUN_GPU_TESTS=1 on a machine with an NVIDIA GPU")
-    from gpulayer.worker.devices import GpuTelemetry, _nvml_devices
+    from gpulayer.worker.devices import nvml_devices
+    from gpulayer.worker.telemetry import GpuTelemetry
 
-    devs = _nvml_devices()
+    devs = nvml_devices()
     if not devs:
         pytest.skip("NVML finds no GPU here")
     assert all(d.kind == "cuda" and d.memory_bytes > 0 and d.compute_capability for d in devs)

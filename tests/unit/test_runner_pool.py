@@ -175,7 +175,7 @@ def test_trims_that_overlap_close_each_surplus_runner_once(tmp_path):
             for r in runners:
                 await pool.give_back(r)
             pool.max_idle = 0
-            await asyncio.gather(pool._trim(), pool._trim())
+            await asyncio.gather(pool.trim(), pool.trim())
             return pool.idle_count(), [r.alive for r in runners]
         finally:
             await pool.close()

@@ -17,7 +17,9 @@ import pytest
 from gpulayer import bundle
 from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
 from gpulayer.worker.logs import LogShipper
-from gpulayer.worker.process import CommandRun, Outcome, TaskDir, task_env
+from gpulayer.worker.process import CommandRun
+from gpulayer.worker.runs import RunOutcome
+from gpulayer.worker.workspace import TaskDir, task_env
 
 from ..support import until_async
 
@@ -48,7 +50,7 @@ def command_run(tmp_path: Path, lines: Lines, **spec: object) -> CommandRun:
     )
 
 
-def run(tmp_path: Path, **spec: object) -> tuple[Outcome, Lines]:
+def run(tmp_path: Path, **spec: object) -> tuple[RunOutcome, Lines]:
     lines = Lines()
     outcome = asyncio.run(command_run(tmp_path, lines, **spec).run())
     return outcome, lines
@@ -72,7 +74,7 @@ def gone(p: psutil.Process) -> bool:
 
 async def run_and_collect_sleeps(
     cr: CommandRun, action: Callable[[], None] | None = None
-) -> tuple[Outcome, list[psutil.Process]]:
+) -> tuple[RunOutcome, list[psutil.Process]]:
     """Run ``cr``, wait until its two ``sleep`` processes exist, then ``action``."""
     task = asyncio.create_task(cr.run())
     await until_async(lambda: cr.pid is not None and len(sleeps_in_tree(cr.pid)) == 2, 10)
@@ -91,7 +93,7 @@ def test_stdout_and_stderr_lines_arrive_in_order_on_their_stream(tmp_path: Path)
         tmp_path,
         shell="for i in 1 2 3; do echo out$i; echo err$i >&2; done; echo; printf 'tail'",
     )
-    assert outcome == Outcome("succeeded", 0, None)
+    assert outcome == RunOutcome("succeeded", 0, None)
     assert lines.of(LogStream.stdout) == ["out1", "out2", "out3", "", "tail"]
     assert lines.of(LogStream.stderr) == ["err1", "err2", "err3"]
 
@@ -131,12 +133,12 @@ def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("shell", "expected"),
     [
-        ("exit 0", Outcome("succeeded", 0, None)),
-        ("exit 3", Outcome("failed", 3, "exit code 3")),
-        ("kill -9 $$", Outcome("failed", -9, "killed by signal SIGKILL")),
+        ("exit 0", RunOutcome("succeeded", 0, None)),
+        ("exit 3", RunOutcome("failed", 3, "exit code 3")),
+        ("kill -9 $$", RunOutcome("failed", -9, "killed by signal SIGKILL")),
     ],
 )
-def test_exit_status_maps_to_state(tmp_path: Path, shell: str, expected: Outcome) -> None:
+def test_exit_status_maps_to_state(tmp_path: Path, shell: str, expected: RunOutcome) -> None:
     outcome, _ = run(tmp_path, shell=shell)
     assert outcome == expected
 
@@ -144,12 +146,12 @@ def test_exit_status_maps_to_state(tmp_path: Path, shell: str, expected: Outcome
 def test_missing_executable_fails_with_a_clear_reason(tmp_path: Path) -> None:
     outcome, lines = run(tmp_path, command=["nosuchcmd-gpulayer-test", "--flag"])
     reason = "cannot start 'nosuchcmd-gpulayer-test': No such file or directory"
-    assert outcome == Outcome("failed", None, reason)
+    assert outcome == RunOutcome("failed", None, reason)
     assert lines.of(LogStream.system) == [reason]
 
 
 def test_outcome_becomes_a_task_completion() -> None:
-    completion = Outcome("failed", 3, "exit code 3").completion()
+    completion = RunOutcome("failed", 3, "exit code 3").completion()
     assert (completion.state, completion.exit_code, completion.reason) == (
         "failed",
         3,
@@ -205,7 +207,7 @@ def test_a_descendant_that_left_the_process_group_is_stopped_too(tmp_path: Path)
 def test_children_lingering_after_a_normal_exit_are_stopped(tmp_path: Path) -> None:
     # The shell exits at once; its background child keeps the output pipe open.
     outcome, lines = run(tmp_path, shell="sleep 100 & echo $!")
-    assert outcome == Outcome("succeeded", 0, None)
+    assert outcome == RunOutcome("succeeded", 0, None)
     (pid,) = lines.of(LogStream.stdout)
     assert not psutil.pid_exists(int(pid)) or gone(psutil.Process(int(pid)))
 
@@ -214,7 +216,7 @@ def test_cancel_before_start_never_starts_the_command(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     cr = command_run(tmp_path, Lines(), command=["touch", str(marker)])
     cr.cancel()
-    assert asyncio.run(cr.run()) == Outcome("cancelled", None, "cancelled by user")
+    assert asyncio.run(cr.run()) == RunOutcome("cancelled", None, "cancelled by user")
     assert not marker.exists()
 
 

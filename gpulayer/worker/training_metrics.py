@@ -1,10 +1,11 @@
 """Training metrics shipping: follow a task's ``$GPULAYER_METRICS_FILE``, post the points.
 
 :class:`gpulayer.pytorch.metrics.JsonlSink` appends one JSON object per log point
-on rank 0 (``{"step", "epoch", "rank", "ts", "metrics"}``). :class:`MetricsFollower`
-reads complete lines as they appear, numbers the points from 0 per task and posts
-them in batches; like log batches, a batch sent again after a lost answer is stored
-once. Lines that are not such objects are skipped (and counted in the worker log).
+on rank 0 (``{"step", "epoch", "rank", "ts", "metrics"}``).
+:class:`TrainingMetricsFollower` reads complete lines as they appear, numbers the
+points from 0 per task and posts them in batches; like log batches, a batch sent
+again after a lost answer is stored once. Lines that are not such objects are
+skipped (and counted in the worker log).
 """
 
 import asyncio
@@ -24,7 +25,7 @@ METRICS_FILE_ENV = "GPULAYER_METRICS_FILE"
 MAX_BATCH_POINTS = 1000
 
 
-class MetricsFollower:
+class TrainingMetricsFollower:
     """Follows one metrics file; ``send`` posts a batch and answers the ack (or None
     when the control plane will never take this task's points)."""
 

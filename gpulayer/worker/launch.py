@@ -1,0 +1,172 @@
+"""Pick and prepare the :class:`~gpulayer.worker.runs.Run` of an assignment.
+
+=======================  =================================  ==========================
+the assignment           its run                            prepared here
+=======================  =================================  ==========================
+command, shell           :class:`CommandRun`                folder, bundle, metrics
+command with a gang      :class:`GangRun`                   folder, bundle, metrics
+function                 :class:`FunctionRun` (warm runner)  folder, bundle, payload
+function with a gang     :class:`GangCallRun`               folder, bundle, payload,
+                                                            metrics
+session                  :class:`SessionRun`                folder
+cell                     :class:`CellTaskRun`               folder (none for a plain
+                                                            cell of a session), push
+=======================  =================================  ==========================
+
+Preparing may download a bundle, a payload or a push from the control plane;
+when one is missing or corrupt the run never starts and the task fails.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpulayer import contracts as c
+from gpulayer.worker.functions import FunctionRun, RunnerPool
+from gpulayer.worker.gang_call import GangCallRun
+from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
+from gpulayer.worker.kernels import KernelHost
+from gpulayer.worker.process import CommandRun
+from gpulayer.worker.record import TaskRecord
+from gpulayer.worker.runs import Run
+from gpulayer.worker.torchrun import GangRun
+from gpulayer.worker.workspace import TaskDir, task_env, task_vars
+
+log = logging.getLogger(__name__)
+
+#: ``blob(sha256)``: a bundle or payload by its hash (raises a GpulayerError).
+BlobSource = Callable[[str], Awaitable[bytes]]
+
+
+class Launcher:
+    """Makes each task's run, over what the worker keeps between tasks: its function
+    runners, its session kernels and its tasks' folders."""
+
+    def __init__(
+        self,
+        *,
+        worker_name: str,
+        tasks_root: Path,
+        runners: RunnerPool,
+        kernels: KernelHost,
+        blob: BlobSource,
+        kill_grace_seconds: float,
+    ) -> None:
+        self._name = worker_name
+        self._tasks_root = tasks_root
+        self._runners = runners
+        self._kernels = kernels
+        self._blob = blob
+        self._kill_grace_seconds = kill_grace_seconds
+
+    def expect(self, assignment: c.Assignment) -> None:
+        """Note an assignment as it arrives: cells placed in a session that is
+        assigned here wait for its kernel."""
+        if assignment.spec.session is not None:
+            self._kernels.expect(assignment.spec.session.name)
+
+    async def prepare(self, task: TaskRecord) -> Run:
+        """The task's run, ready to start; its folder is kept in ``task.dir``.
+
+        Raises
+        ------
+        GpulayerError
+            If a bundle, payload or push cannot be had, or a bundle is unsafe.
+        """
+        a = task.assignment
+        if a.spec.kind in (c.JobKind.cell, c.JobKind.session):
+            return await self._kernel_run(task)
+        fn = a.spec.function
+        log.log(
+            logging.DEBUG if fn else logging.INFO,
+            "task %s (job %s, attempt %d) started",
+            a.task_id,
+            a.job_id,
+            a.attempt,
+        )
+        if fn is None or a.gang is not None:  # a call stays quiet: its log is its prints
+            where = _gpus(a.gpu_indices)
+            task.logs.add(c.LogStream.system, f"started on {self._name} ({where})", _now())
+        folder = await task.make_dir(self._tasks_root)
+        if a.spec.bundle is not None:
+            data = await self._blob(a.spec.bundle)
+            await asyncio.to_thread(folder.unpack, data)
+        if fn is None:
+            return self._command_run(task, folder)
+        payload = fn.payload if fn.payload is not None else await self._blob(fn.payload_blob or "")
+        if a.gang is not None:
+            return self._gang_call_run(task, folder, payload)
+        # The runner has the rest of the environment already.
+        env = task_vars(a, folder.artifacts)
+        return FunctionRun(
+            self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add
+        )
+
+    def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
+        """A command, alone or as one node of a gang; its training metrics followed."""
+        a = task.assignment
+        env = task_env(a, folder.artifacts)
+        task.follow_metrics(env)
+        grace = self._kill_grace_seconds
+        if a.gang is not None:
+            return GangRun(
+                a, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
+            )
+        return CommandRun(
+            a.spec, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
+        )
+
+    def _gang_call_run(self, task: TaskRecord, folder: TaskDir, payload: bytes) -> Run:
+        """One node of a distributed function; its training metrics followed."""
+        a = task.assignment
+        env = task_env(a, folder.artifacts)
+        task.follow_metrics(env)
+        return GangCallRun(
+            a,
+            payload,
+            root=folder.root,
+            cwd=folder.work,
+            env=env,
+            on_line=task.logs.add,
+            kill_grace_seconds=self._kill_grace_seconds,
+        )
+
+    async def _kernel_run(self, task: TaskRecord) -> Run:
+        """A cell or session, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
+        a = task.assignment
+        log.debug("task %s (job %s, %s) started", a.task_id, a.job_id, a.spec.kind)
+        cell = a.spec.cell
+        if cell is not None and cell.session and not (cell.push or cell.push_blob or cell.pull):
+            # A plain cell in a session touches no files: skip its folder (latency).
+            return CellTaskRun(
+                self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
+            )
+        folder = await task.make_dir(self._tasks_root)
+        env = task_env(a, folder.artifacts)
+        if a.spec.session is not None:
+            return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
+        assert cell is not None
+        push = cell.push if cell.push_blob is None else await self._blob(cell.push_blob)
+        return CellTaskRun(
+            self._kernels,
+            a,
+            env=env,
+            cwd=folder.work,
+            scratch=folder.root,
+            on_line=task.logs.add,
+            push=push,
+        )
+
+
+def _gpus(indices: list[int]) -> str:
+    """``GPU 0``, ``GPUs 0, 1`` or ``no GPU``."""
+    listed = ", ".join(str(i) for i in indices)
+    if not listed:
+        return "no GPU"
+    return f"GPU {listed}" if len(indices) == 1 else f"GPUs {listed}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

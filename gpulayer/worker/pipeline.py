@@ -1,0 +1,267 @@
+"""Run and deliver one task at a time, each in its own pipeline::
+
+    start      log shipper, record            (the assignment arrived)
+    run        slot -> Run from the launcher -> cancel guard -> run to its outcome
+    deliver    flush logs and training metrics -> upload artifacts -> upload a large
+               result -> complete
+    clean up   remove the task's folder, forget the task
+
+Delivery keeps this order, so that a client that sees the task ended also sees
+all its output. A task the control plane gave up on (abandoned) delivers
+nothing more; a task released because the worker stops ends ``lost``, so the
+control plane retries it.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote
+
+import httpx
+
+from gpulayer import contracts as c
+from gpulayer.errors import GpulayerError
+from gpulayer.worker.launch import Launcher
+from gpulayer.worker.logs import LogShipper
+from gpulayer.worker.record import TaskRecord
+from gpulayer.worker.runs import RunOutcome
+from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
+
+log = logging.getLogger(__name__)
+
+_ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before giving up
+_CHUNK_BYTES = 1024 * 1024
+_CELL_BATCH_SECONDS = 0.002
+
+
+class Heartbeat(Protocol):
+    """Send one heartbeat; True when the control plane answered it."""
+
+    async def __call__(self, *, retry: bool = True) -> bool: ...
+
+
+class Pipeline:
+    """The worker's tasks, from assignment to delivered result.
+
+    Parameters
+    ----------
+    uplink
+        Where logs, metrics, artifacts, results and completions go.
+    launcher
+        Makes each task's run.
+    slots
+        Tasks that run at once (a cell in a session uses its session's slot).
+    log_batch_seconds
+        How long to gather log lines into one batch.
+    heartbeat
+        Tells an outage (wait, no strike) from a failing artifact upload.
+    """
+
+    def __init__(
+        self,
+        uplink: Uplink,
+        launcher: Launcher,
+        *,
+        slots: int,
+        log_batch_seconds: float,
+        heartbeat: Heartbeat,
+    ) -> None:
+        self.tasks: dict[str, TaskRecord] = {}  # tasks whose result is not delivered yet
+        self._uplink = uplink
+        self._launcher = launcher
+        self._slots = asyncio.Semaphore(slots)
+        self._log_batch_seconds = log_batch_seconds
+        self._heartbeat = heartbeat
+
+    def start(self, assignment: c.Assignment) -> None:
+        """Start the pipeline of a new assignment."""
+        task_id = assignment.task_id
+        batch = self._log_batch_seconds
+        if assignment.spec.kind == c.JobKind.cell:  # a cell's output is watched live
+            batch = min(batch, _CELL_BATCH_SECONDS)
+        logs = LogShipper(task_id, functools.partial(self._send_logs, task_id), batch_seconds=batch)
+        send_metrics = functools.partial(self._send_metrics, task_id)
+        task = self.tasks[task_id] = TaskRecord(assignment, logs, send_metrics)
+        self._launcher.expect(assignment)
+        task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
+        task.pipeline = asyncio.create_task(self._pipeline(task), name=f"task-{task_id}")
+
+    async def release(self, timeout: float) -> None:
+        """Stop every task, to be reported ``lost`` (so it is retried); pipelines still
+        going after ``timeout`` seconds are cancelled."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.released = True
+            task.cancel("worker shutting down")
+        pipelines = [t.pipeline for t in tasks if t.pipeline is not None]
+        if not pipelines:
+            return
+        _, late = await asyncio.wait(pipelines, timeout=timeout)
+        for pipeline in late:
+            pipeline.cancel()  # CommandRun SIGKILLs whatever is left
+        await asyncio.gather(*late, return_exceptions=True)
+
+    # ------------------------------------------------------------------ run
+
+    async def _pipeline(self, task: TaskRecord) -> None:
+        """Run one task and deliver its result; the boundary for its errors."""
+        try:
+            try:
+                outcome = await self._run(task)
+            except Exception as e:  # a task boundary: the failure becomes the task's state
+                log.exception("task %s: worker error", task.id)
+                outcome = RunOutcome("failed", None, f"worker error: {e!r}")
+                task.logs.add(c.LogStream.system, outcome.reason or "", _now())
+            if task.released and outcome.state == "cancelled":
+                outcome = RunOutcome("lost", outcome.exit_code, outcome.reason)
+            log.log(
+                logging.DEBUG if task.assignment.spec.function else logging.INFO,
+                "task %s ended: %s%s",
+                task.id,
+                outcome.state,
+                f" ({outcome.reason})" if outcome.reason else "",
+            )
+            if not task.abandoned:
+                await self._deliver(task, outcome)
+            if task.dir is not None:
+                await task.file_work(task.dir.remove)
+                task.dir = None
+        except Exception:  # a task boundary: nothing more can be delivered
+            log.exception("task %s: result not delivered", task.id)
+        finally:
+            task.logs.stop()
+            if task.shipper is not None:
+                task.shipper.cancel()
+            if task.metrics_loop is not None:
+                task.metrics_loop.cancel()
+            if task.dir is not None:
+                task.dir.remove()  # after a cancel or error; a no-op when already gone
+            self.tasks.pop(task.id, None)
+
+    async def _run(self, task: TaskRecord) -> RunOutcome:
+        """Prepare the task's run and run it, in a slot of its own unless it is a cell
+        in a session (its session holds the slot and the GPUs)."""
+        in_session = task.assignment.spec.in_session
+        async with contextlib.nullcontext() if in_session else self._slots:
+            if task.cancel_reason is not None:  # cancelled while it waited for a slot
+                return RunOutcome("cancelled", None, task.cancel_reason)
+            try:
+                run = await self._launcher.prepare(task)
+            except GpulayerError as e:  # a bundle, payload or push it cannot have
+                task.logs.add(c.LogStream.system, str(e), _now())
+                return RunOutcome("failed", None, str(e))
+            task.run = run
+            if task.cancel_reason is not None:  # cancelled while it was prepared
+                run.cancel(task.cancel_reason)
+            return await run.run()
+
+    # -------------------------------------------------------------- deliver
+
+    async def _deliver(self, task: TaskRecord, outcome: RunOutcome) -> None:
+        """Flush logs, upload artifacts, complete: in this order, so that a client
+        that sees the task ended also sees all its output."""
+        await task.logs.flush()
+        if task.metrics is not None:
+            await task.metrics.flush()
+        if task.dir is not None:
+            for name, path in await task.file_work(task.dir.artifact_files):
+                if task.abandoned:
+                    return
+                try:
+                    await self._upload_artifact(task, name, path)
+                except OSError as e:  # the file went away or cannot be read
+                    task.logs.add(c.LogStream.system, f"artifact {name!r} not kept: {e}", _now())
+            await task.logs.flush()  # lines about artifacts that were not kept
+        if task.abandoned:
+            return
+        blob = None
+        if outcome.result is not None and len(outcome.result) > c.INLINE_BYTES:
+            blob = await self._upload_result(task, outcome.result)
+            if blob is None:
+                return
+        resp = await self._uplink.call(
+            "POST", f"tasks/{task.id}/complete", body=outcome.completion(result_blob=blob)
+        )
+        if resp.is_success:
+            c.Task.model_validate(resp.json())
+        else:
+            log.warning("completion of task %s refused: %s", task.id, describe(resp))
+
+    async def _send_metrics(self, task_id: str, batch: c.MetricBatch) -> c.MetricAck | None:
+        resp = await self._uplink.call("POST", f"tasks/{task_id}/metrics", body=batch)
+        if resp.is_success:
+            return c.MetricAck.model_validate(resp.json())
+        log.warning("metrics of task %s refused: %s", task_id, describe(resp))
+        return None
+
+    async def _send_logs(self, task_id: str, batch: c.LogBatch) -> c.LogAck | None:
+        resp = await self._uplink.call("POST", f"tasks/{task_id}/logs", body=batch)
+        if resp.is_success:
+            return c.LogAck.model_validate(resp.json())
+        if task := self.tasks.get(task_id):
+            task.abandon(f"logs refused: {describe(resp)}")
+        return None
+
+    async def _upload_result(self, task: TaskRecord, result: bytes) -> str | None:
+        """PUT a large function result; its sha256, or None when the task was refused."""
+        headers = {"Content-Type": "application/octet-stream"}
+        resp = await self._uplink.call(
+            "PUT", f"tasks/{task.id}/result", content=result, headers=headers
+        )
+        if resp.is_success:
+            return c.BlobRef.model_validate(resp.json()).sha256
+        task.abandon(f"result upload refused: {describe(resp)}")
+        return None
+
+    async def _upload_artifact(self, task: TaskRecord, name: str, path: Path) -> None:
+        """PUT one file. A transport error or 5xx while the control plane is otherwise
+        up (a body over the server's limit closes the connection) counts as a strike;
+        after a few the file is given up rather than retried forever."""
+        route = f"tasks/{task.id}/artifacts/" + "/".join(quote(s, safe="") for s in name.split("/"))
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(path.stat().st_size),
+        }
+        strikes, delay = 0, BACKOFF_START_SECONDS
+        while True:
+            try:
+                resp = await self._uplink.call(
+                    "PUT", route, content=lambda: _file_chunks(path), headers=headers, retry=False
+                )
+                if resp.status_code < 500:
+                    break
+                problem = describe(resp)
+            except httpx.TransportError as e:
+                problem = f"{type(e).__name__}: {e}"
+            if not await self._heartbeat(retry=False):
+                await self._heartbeat()  # an outage: wait for the server, no strike
+            else:
+                strikes += 1
+                if strikes >= _ARTIFACT_STRIKES:
+                    task.logs.add(
+                        c.LogStream.system, f"artifact {name!r} not kept: {problem}", _now()
+                    )
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+        if resp.status_code in (403, 404, 409):
+            task.abandon(f"artifact upload refused: {describe(resp)}")
+        elif not resp.is_success:
+            task.logs.add(
+                c.LogStream.system, f"artifact {name!r} not kept: {describe(resp)}", _now()
+            )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, _CHUNK_BYTES):
+            yield chunk

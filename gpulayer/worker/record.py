@@ -1,0 +1,85 @@
+"""The agent's record of one assignment, from its start until its result is delivered."""
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from gpulayer import contracts as c
+from gpulayer.worker.logs import LogShipper
+from gpulayer.worker.runs import Run
+from gpulayer.worker.training_metrics import METRICS_FILE_ENV, TrainingMetricsFollower
+from gpulayer.worker.workspace import TaskDir
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MetricsSender = Callable[[c.MetricBatch], Awaitable[c.MetricAck | None]]
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """One assignment: its log shipper, run, folder and training metrics, and how it
+    is being stopped (cancelled, released to be retried, or abandoned)."""
+
+    assignment: c.Assignment
+    logs: LogShipper
+    send_metrics: MetricsSender
+    shipper: "asyncio.Task[None] | None" = None  # the log shipper's loop
+    pipeline: "asyncio.Task[None] | None" = None  # runs and delivers the task
+    run: Run | None = None
+    dir: TaskDir | None = None
+    metrics: TrainingMetricsFollower | None = None
+    metrics_loop: "asyncio.Task[None] | None" = None
+    cancel_reason: str | None = None
+    abandoned: bool = False  # the control plane gave up on it: report nothing more
+    released: bool = False  # the worker stops: report ``lost``, so it is retried
+
+    @property
+    def id(self) -> str:
+        return self.assignment.task_id
+
+    def cancel(self, reason: str) -> None:
+        """Stop the run; the task still reports ``cancelled`` with ``reason``."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.run is not None:
+            self.run.cancel(self.cancel_reason)
+
+    def interrupt(self) -> None:
+        """SIGINT a cell's kernel (other runs have nothing to interrupt)."""
+        if self.run is not None:
+            self.run.interrupt()
+
+    def abandon(self, why: str) -> None:
+        """Stop the run and report nothing more about this task."""
+        if not self.abandoned:
+            log.info("task %s abandoned: %s", self.id, why)
+        self.abandoned = True
+        self.logs.stop()
+        self.cancel(why)
+
+    def follow_metrics(self, env: dict[str, str]) -> None:
+        """Point the task's ``$GPULAYER_METRICS_FILE`` into its folder and follow it."""
+        assert self.dir is not None
+        path = self.dir.root / "metrics.jsonl"
+        env[METRICS_FILE_ENV] = str(path)
+        self.metrics = TrainingMetricsFollower(path, self.send_metrics)
+        self.metrics_loop = asyncio.create_task(self.metrics.run(), name=f"metrics-{self.id}")
+
+    async def file_work(self, fn: Callable[[], T]) -> T:
+        """Blocking file work for the task: inline for a function call, whose folder
+        is nearly always empty (a thread hand-off costs more than the work), else in
+        a thread."""
+        if self.assignment.spec.function is not None:
+            return fn()
+        return await asyncio.to_thread(fn)
+
+    async def make_dir(self, tasks_root: Path) -> TaskDir:
+        """Create the task's fresh folder under ``tasks_root`` and keep it."""
+        self.dir = await self.file_work(functools.partial(TaskDir.create, tasks_root, self.id))
+        return self.dir

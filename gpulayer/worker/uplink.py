@@ -1,0 +1,258 @@
+"""The worker's link to the control plane: HTTP, retries, re-registration, bundles.
+
+The agent only ever calls out (docs/api.md, "Worker protocol"). The control plane
+may restart at any time: every request retries transport errors and 5xx answers
+with capped exponential backoff, forever, so a finished task's logs and
+completion wait in memory until the server is back. A 401 (or a 404 on a
+``workers/{id}`` route) means the server forgot this worker: :class:`Uplink`
+registers again under the same name, listing its running tasks, and carries on.
+"""
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypedDict, Unpack
+
+import httpx
+import pydantic
+
+from gpulayer import contracts as c
+from gpulayer import tls
+from gpulayer.errors import (
+    CertificateMismatch,
+    GpulayerError,
+    NotFound,
+    ValidationError,
+    error_for_code,
+)
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_SECONDS = 0.2
+BACKOFF_CAP_SECONDS = 2.0
+
+Content = bytes | Callable[[], AsyncIterator[bytes]]
+
+
+class Request(TypedDict, total=False):
+    """The optional parts of a request (:meth:`Uplink.call`)."""
+
+    body: pydantic.BaseModel | None
+    params: dict[str, int] | None
+    content: Content | None
+    headers: dict[str, str] | None
+    retry: bool
+
+
+class Uplink:
+    """Requests to the control plane as this worker.
+
+    Parameters
+    ----------
+    http
+        The client every request goes through.
+    url
+        The Jupyter server root URL, base_url included.
+    join_token
+        What registration exchanges for the worker's own id and token.
+    name
+        The worker's name (for log lines).
+    registration
+        Describes the worker at each registration (its running tasks change).
+    on_registered
+        Called with every answer to a registration.
+    blob_dir
+        Where downloaded bundles are cached by their sha256.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        url: str,
+        join_token: str,
+        *,
+        name: str,
+        registration: Callable[[], c.WorkerRegistration],
+        on_registered: Callable[[c.Registered], None],
+        blob_dir: Path,
+    ) -> None:
+        self._http = http
+        self._url = url
+        self._base = url.rstrip("/") + c.API_PREFIX + "/"
+        self._join_token = join_token
+        self._name = name
+        self._registration = registration
+        self._on_registered = on_registered
+        self._blob_dir = blob_dir
+        self._blob_locks: dict[str, asyncio.Lock] = {}
+        self._worker_id = ""
+        self._worker_token = ""
+        self._registrations = 0  # bumped by every successful registration
+        self._register_lock = asyncio.Lock()
+        self._outage_since: float | None = None
+
+    # ---------------------------------------------------------- registration
+
+    async def register(self) -> None:
+        """Exchange the join token for a worker id and token.
+
+        Raises
+        ------
+        GpulayerError
+            If the control plane rejects the registration (e.g. a bad join token).
+        """
+        body = self._registration()
+        resp = await self._send("POST", "workers/register", token=self._join_token, body=body)
+        if not resp.is_success:
+            raise error_for(resp, "registration rejected")
+        reg = c.Registered.model_validate(resp.json())
+        self._worker_id, self._worker_token = reg.worker_id, reg.token
+        self._registrations += 1
+        log.info(
+            "registered worker %s as %s (%d GPUs)", self._name, reg.worker_id, len(body.devices)
+        )
+        self._on_registered(reg)
+
+    async def _register_again(self, seen: int) -> None:
+        """Register again unless someone already did since registration ``seen``."""
+        async with self._register_lock:
+            delay, warned = BACKOFF_START_SECONDS, False
+            while self._registrations == seen:
+                try:
+                    await self.register()
+                except GpulayerError as e:
+                    if not warned:
+                        log.error("worker %s cannot register again (%s); retrying", self._name, e)
+                        warned = True
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+
+    # ---------------------------------------------------------------- HTTP
+
+    async def call(
+        self, method: str, route: str, *, worker_route: bool = False, **kw: Unpack[Request]
+    ) -> httpx.Response:
+        """A request with the worker token; registers again when the server forgot us.
+
+        ``worker_route`` routes are relative to ``workers/{worker_id}/``, resolved at
+        every try because a new registration may bring a new id.
+        """
+        delay = 0.0
+        while True:
+            seen = self._registrations
+            path = f"workers/{self._worker_id}/{route}" if worker_route else route
+            resp = await self._send(method, path, token=self._worker_token, **kw)
+            if resp.status_code != 401 and not (worker_route and resp.status_code == 404):
+                return resp
+            log.warning(
+                "control plane does not know worker %s (HTTP %d); registering again",
+                self._name,
+                resp.status_code,
+            )
+            await asyncio.sleep(delay)  # only a server that keeps forgetting us waits here
+            delay = min(max(delay * 2, BACKOFF_START_SECONDS), BACKOFF_CAP_SECONDS)
+            await self._register_again(seen)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str,
+        body: pydantic.BaseModel | None = None,
+        params: dict[str, int] | None = None,
+        content: Content | None = None,
+        headers: dict[str, str] | None = None,
+        retry: bool = True,
+    ) -> httpx.Response:
+        """One request; with ``retry``, transport errors and 5xx answers are retried
+        with capped backoff until they stop, warning once per outage."""
+        all_headers = {"Authorization": f"Bearer {token}", **(headers or {})}
+        delay, warned = BACKOFF_START_SECONDS, False
+        while True:
+            try:
+                resp = await self._http.request(
+                    method,
+                    self._base + path,
+                    params=params,
+                    headers=all_headers,
+                    json=None if body is None else body.model_dump(mode="json"),
+                    content=content() if callable(content) else content,
+                )
+            except httpx.TransportError as e:
+                pin = tls.mismatch_in(e)
+                if pin is not None:  # not an outage: never retried, nothing was sent
+                    raise CertificateMismatch(tls.mismatch_message(self._url, pin)) from e
+                if not retry:
+                    raise
+                problem = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code < 500:
+                    if self._outage_since is not None:
+                        outage = asyncio.get_running_loop().time() - self._outage_since
+                        log.info("control plane is back after %.1fs", outage)
+                        self._outage_since = None
+                    return resp
+                if not retry:
+                    return resp
+                problem = f"HTTP {resp.status_code}"
+            if not warned and self._outage_since is None:
+                log.warning("control plane unavailable (%s); retrying until it is back", problem)
+                self._outage_since = asyncio.get_running_loop().time()
+            warned = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+
+    # --------------------------------------------------------------- blobs
+
+    async def blob(self, sha256: str) -> bytes:
+        """A bundle by its sha256, from the cache or the server.
+
+        Raises
+        ------
+        NotFound, ValidationError
+            If the control plane does not have it, or sends something else.
+        """
+        path = self._blob_dir / sha256
+        async with self._blob_locks.setdefault(sha256, asyncio.Lock()):
+            if path.is_file():
+                return await asyncio.to_thread(path.read_bytes)
+            resp = await self.call("GET", f"blobs/{sha256}")
+            if resp.status_code == 404:
+                raise NotFound(f"bundle {sha256} is not on the control plane", field="bundle")
+            if not resp.is_success:
+                raise error_for(resp, f"cannot download bundle {sha256}")
+            data = resp.content
+            if await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest()) != sha256:
+                raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle")
+            await asyncio.to_thread(_write_atomically, path, data)
+            return data
+
+
+def describe(resp: httpx.Response) -> str:
+    """``HTTP 413 too_large: message`` from an error answer, tolerant of odd bodies."""
+    try:
+        err = c.ErrorBody.model_validate(resp.json())
+    except ValueError:  # not JSON, or not an ErrorBody (pydantic errors are ValueErrors)
+        return f"HTTP {resp.status_code}"
+    return f"HTTP {resp.status_code} {err.code}: {err.message}"
+
+
+def error_for(resp: httpx.Response, what: str) -> GpulayerError:
+    """The domain error an error answer stands for."""
+    try:
+        body = c.ErrorBody.model_validate(resp.json())
+    except ValueError:
+        return GpulayerError(f"{what}: HTTP {resp.status_code}")
+    cls = error_for_code(body.code) or GpulayerError
+    return cls(f"{what}: {body.message}", field=body.field)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,102 @@
+"""What a task runs in: its folder and its environment.
+
+A task gets a directory ``<data_dir>/tasks/<task_id>/`` (:class:`TaskDir`) with
+``work/`` (its cwd, where the job's bundle is unpacked) and ``artifacts/`` (files
+to keep). Its environment is the worker's, without the worker's secrets, then the
+job's ``env``, then the variables gpulayer guarantees (:func:`task_env`).
+"""
+
+import os
+import shutil
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpulayer import bundle
+from gpulayer.contracts import Assignment
+
+#: Variables of the worker's own environment that a task never inherits.
+_PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
+_VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+class TaskDir:
+    """``<tasks_root>/<task_id>/`` with ``work/`` (the cwd) and ``artifacts/``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.work = root / "work"
+        self.artifacts = root / "artifacts"
+
+    @classmethod
+    def create(cls, tasks_root: Path, task_id: str) -> "TaskDir":
+        """Make a fresh, empty task directory (blocking: call it in a thread)."""
+        task_dir = cls(Path(tasks_root).absolute() / task_id)
+        if task_dir.root.exists():
+            shutil.rmtree(task_dir.root)
+        task_dir.work.mkdir(parents=True)
+        task_dir.artifacts.mkdir()
+        return task_dir
+
+    def unpack(self, data: bytes) -> None:
+        """Unpack a source bundle into ``work/`` (blocking).
+
+        Raises
+        ------
+        gpulayer.errors.ValidationError
+            If the bundle is not a safe tar.gz.
+        """
+        bundle.unpack(data, self.work)
+
+    def artifact_files(self) -> list[tuple[str, Path]]:
+        """``(name, path)`` of every regular file under ``artifacts/``, names relative
+        posix paths, symlinks skipped (blocking)."""
+        files = []
+        for dirpath, dirnames, filenames in os.walk(self.artifacts):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                path = Path(dirpath, fname)
+                if stat.S_ISREG(path.lstat().st_mode):
+                    files.append((path.relative_to(self.artifacts).as_posix(), path))
+        return files
+
+    def remove(self) -> None:
+        """Delete the task directory and everything in it (blocking); an empty one
+        (the usual function call) costs three ``rmdir``."""
+        try:
+            for d in (self.work, self.artifacts, self.root):
+                d.rmdir()
+        except OSError:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a task's environment starts from: ``base`` (default ``os.environ``)
+    without the worker's secrets."""
+    source = os.environ if base is None else base
+    return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
+
+
+def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
+    """The variables gpulayer guarantees each task (a job cannot override them)."""
+    return {
+        "GPULAYER_JOB_ID": assignment.job_id,
+        "GPULAYER_TASK_ID": assignment.task_id,
+        "GPULAYER_ATTEMPT": str(assignment.attempt),
+        "GPULAYER_ARTIFACTS": str(Path(artifacts).absolute()),
+    }
+
+
+def task_env(
+    assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a task's process: ``base`` (default ``os.environ``), then the
+    job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
+    env = inherited_env(base)
+    env.update(assignment.spec.env)
+    env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
+    # The reservation, for every vendor's runtime (a job cannot widen it).
+    visible = ",".join(str(i) for i in assignment.gpu_indices)
+    for var in _VISIBLE_DEVICES_ENV:
+        env[var] = visible
+    return env
