@@ -35,7 +35,7 @@ async def mint(gl_api, name, role, **kw):
 
 
 def services(jp_serverapp):
-    return jp_serverapp.web_app.settings["gpulayer"]
+    return jp_serverapp.web_app.settings["gpulayer"].running.plane
 
 
 async def until_waiting(jp_serverapp, n=1):

@@ -1,4 +1,4 @@
-"""``GET /gpulayer/metrics``: the Prometheus scrape route (series in ``metrics.py``).
+"""``GET /gpulayer/metrics``: the Prometheus scrape route (series in ``prometheus.py``).
 
 It lives beside the API (``<base_url>gpulayer/metrics``, not under ``api/v1/``),
 where scrapers expect a ``/metrics`` path, and needs a ``viewer`` token (or
@@ -9,8 +9,8 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .auth import requires
-from .handlers import GpulayerAPIHandler
+from ..auth import requires
+from .base import GpulayerAPIHandler
 
 
 class MetricsHandler(GpulayerAPIHandler):
@@ -20,10 +20,9 @@ class MetricsHandler(GpulayerAPIHandler):
     @requires("viewer")
     async def get(self) -> None:
         """Refresh the state gauges, then expose every series."""
-        services = self.gl
-        await services.metrics_state.refresh()
-        body = generate_latest(services.metrics_registry)
-        self.finish(body, set_content_type=CONTENT_TYPE_LATEST)
+        running = self.running
+        await running.gauges.refresh()
+        self.finish(generate_latest(running.registry), set_content_type=CONTENT_TYPE_LATEST)
 
 
 #: Routes outside the API prefix, relative to ``<base_url>gpulayer/``.

@@ -8,8 +8,8 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 
 from gpulayer.contracts import CreateToken, TokenList
 
-from .auth import requires
-from .handlers import GpulayerAPIHandler
+from ..auth import requires
+from .base import GpulayerAPIHandler
 
 
 class TokensHandler(GpulayerAPIHandler):
@@ -26,8 +26,7 @@ class TokensHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Mint a ``CreateToken``; 201 with the secret, 409 when the name is taken."""
         created = await self.gl.tokens.mint(self.parse(CreateToken))
-        self.set_header("Location", self.request.path.rstrip("/") + "/" + created.name)
-        self.reply(created, 201)
+        self.created(created, created.name)
 
 
 class TokenHandler(GpulayerAPIHandler):

@@ -1,13 +1,12 @@
-"""REST handlers for training metrics: workers post points, users read them."""
+"""Training-metric routes: workers post points, users read them (``training_metrics.py``)."""
 
 from jupyter_server.auth.decorator import allow_unauthenticated
 
 from gpulayer.contracts import MetricBatch
 from gpulayer.errors import PayloadTooLarge
 
-from .auth import requires
-from .handlers import GpulayerAPIHandler
-from .training import TrainingMetrics
+from ..auth import requires
+from .base import GpulayerAPIHandler
 
 _MAX_POINTS = 10000
 
@@ -22,9 +21,7 @@ class TaskMetricsHandler(GpulayerAPIHandler):
         batch = self.parse(MetricBatch)
         if len(batch.points) > _MAX_POINTS:
             raise PayloadTooLarge(f"a metric batch holds at most {_MAX_POINTS} points")
-        assert self.principal is not None
-        metrics = TrainingMetrics(self.gl.scheduler)
-        self.reply(await metrics.append(self.principal, task_id, batch))
+        self.reply(await self.gl.training_metrics.append(self.who, task_id, batch))
 
 
 class JobMetricsHandler(GpulayerAPIHandler):
@@ -34,12 +31,12 @@ class JobMetricsHandler(GpulayerAPIHandler):
     @requires("viewer", "submitter")
     async def get(self, job_id: str) -> None:
         """Points after ``after``; with ``wait`` a long poll for the next ones."""
-        await self.visible_job(job_id)
+        await self.gl.jobs.visible(job_id, self.who)
         after = self.int_arg("after", 0, 0, 2**62)
         limit = self.int_arg("limit", 1000, 1, 10000)
-        wait = self.float_arg("wait", 0.0, self.gl.config.long_poll_seconds)
-        metrics = TrainingMetrics(self.gl.scheduler)
-        page = await self.long_poll(metrics.page(job_id, after, limit, wait))
+        wait = self.wait_arg()
+        metrics = self.gl.training_metrics
+        page = await self.long_poll(metrics.page(job_id, after, limit, wait, self.who))
         if page is not None:
             self.reply(page)
 

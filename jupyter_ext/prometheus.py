@@ -13,18 +13,22 @@ collide):
   wait for their worker to pick them up, and how many log lines were stored.
 
 Names follow STYLE.md: ``gpulayer_<noun>_<unit>`` for gauges and histograms,
-``..._total`` for counters. The route is in ``metrics_handlers.py``.
+``..._total`` for counters. The route is in ``api/prometheus.py``. (Training
+metric points, the other "metrics", are ``training_metrics.py``.)
 """
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpulayer.contracts import JobState, Worker, WorkerState
+
+if TYPE_CHECKING:  # the core holds the instruments; the collector reads the core's parts
+    from .fleet import Fleet
+    from .store import Store
 
 #: Buckets for waits that range from milliseconds (an idle cluster) to hours (a full one).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -70,19 +74,19 @@ class Snapshot:
 class StateCollector:
     """Gauges of the control plane's current state, computed at each scrape."""
 
-    def __init__(self, services: Any) -> None:
-        self.services = services
+    def __init__(self, store: "Store", fleet: "Fleet") -> None:
+        self.store = store
+        self.fleet = fleet
         self.snapshot = Snapshot()
 
     async def refresh(self) -> None:
         """Read the store and the fleet (called by the handler before ``collect``)."""
-        sched = self.services.scheduler
-        store = sched.store
-        jobs = {s.value: await store.count_jobs([s.value]) for s in JobState}
+        store = self.store
+        jobs = {s.value: await store.count_jobs([s]) for s in JobState}
         reserved: dict[str, set[int]] = {}
         for t in await store.active_tasks():
-            reserved.setdefault(t["worker_id"], set()).update(_indices(t["gpu_indices"]))
-        self.snapshot = Snapshot(jobs=jobs, workers=await sched.workers(), reserved=reserved)
+            reserved.setdefault(t.worker_id or "", set()).update(t.gpu_indices)
+        self.snapshot = Snapshot(jobs=jobs, workers=await self.fleet.workers(), reserved=reserved)
 
     def describe(self) -> list[Metric]:
         """Nothing to check for name clashes up front (the names are fixed below)."""
@@ -96,7 +100,9 @@ class StateCollector:
             jobs.add_metric([state], n)
         yield jobs
         yield GaugeMetricFamily(
-            "gpulayer_queue_depth", "Jobs waiting for placement.", value=snap.jobs.get("queued", 0)
+            "gpulayer_queue_depth",
+            "Jobs waiting for placement.",
+            value=snap.jobs.get(JobState.queued.value, 0),
         )
         workers = GaugeMetricFamily("gpulayer_workers", "Workers by state.", labels=["state"])
         for state in WorkerState:
@@ -144,13 +150,15 @@ class StateCollector:
         )
 
 
-def _indices(text: str) -> list[int]:
-    return [int(i) for i in json.loads(text or "[]")]
-
-
-def make_registry(services: Any) -> tuple[CollectorRegistry, StateCollector, Instruments]:
-    """A registry of the app's own with its state gauges and instruments."""
+def make_registry() -> tuple[CollectorRegistry, Instruments]:
+    """A registry of the app's own with its instruments; :class:`StateCollector`
+    joins it once the store and the fleet exist (:func:`add_state`)."""
     registry = CollectorRegistry()
-    state = StateCollector(services)
+    return registry, Instruments(registry)
+
+
+def add_state(registry: CollectorRegistry, store: "Store", fleet: "Fleet") -> StateCollector:
+    """Register the state gauges of ``store`` and ``fleet`` in ``registry``."""
+    state = StateCollector(store, fleet)
     registry.register(state)
-    return registry, state, Instruments(registry)
+    return state

@@ -1,0 +1,24 @@
+"""``GET health``: is the control plane up (no token needed)."""
+
+from jupyter_server.auth.decorator import allow_unauthenticated
+
+from gpulayer import __version__
+from gpulayer.contracts import Health, JobState, WorkerState
+
+from .base import GpulayerAPIHandler
+
+_ACTIVE = (JobState.queued, JobState.scheduled, JobState.running)
+
+
+class HealthHandler(GpulayerAPIHandler):
+    """``GET health``."""
+
+    @allow_unauthenticated
+    async def get(self) -> None:
+        """Answer ``Health``."""
+        workers = [w for w in await self.gl.workers.all() if w.state == WorkerState.ready]
+        active = await self.gl.store.count_jobs(_ACTIVE)
+        self.reply(Health(version=__version__, workers_ready=len(workers), jobs_active=active))
+
+
+ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [(r"health", HealthHandler)]
