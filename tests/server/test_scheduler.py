@@ -352,6 +352,11 @@ def test_tasks_placed_on_a_worker_that_died_before_starting_them_go_back_to_the_
             await sched.leases.sweep()
             j = await sched.jobs.get(job.id)
             assert j.state == "queued" and "went offline before starting it" in j.reason
+            # Taking the task back is a checked transition with its events.
+            events = [(e.state, e.task_id is not None) for e in await sched.jobs.events(job.id)]
+            assert events == [
+                ("queued", False), ("scheduled", False), ("lost", True), ("queued", False)
+            ]  # fmt: skip
             r2 = await sched.workers.register(reg("alive"))
             got = await sched.workers.acquire(r2.worker_id, 0)
             assert [(a.job_id, a.attempt) for a in got.assignments] == [(job.id, 1)]
