@@ -87,18 +87,15 @@ class Jobs:
         """Refuse a spec whose bundle, payload or pushed variables were not uploaded."""
         payload = spec.function.payload_blob if spec.function is not None else None
         push = spec.cell.push_blob if spec.cell is not None else None
-        for sha, what, where in (
-            (spec.bundle, "bundle", "bundle"),
-            (payload, "function payload", "function.payload_blob"),
-            (push, "pushed variables", "cell.push_blob"),
-        ):
+        for sha, field, message in (
+            (spec.bundle, "bundle", "bundle {} was not uploaded (POST it to /blobs first)"),
+            (payload, "function.payload_blob",
+             "function payload {} was not uploaded (POST it to /blobs first)"),
+            (push, "cell.push_blob",
+             "pushed variables {} were not uploaded (POST them to /blobs first)"),
+        ):  # fmt: skip
             if sha is not None and not self._core.blobs.exists(sha):
-                verb = "were" if what == "pushed variables" else "was"
-                raise ValidationError(
-                    f"{what} {sha} {verb} not uploaded (POST {'them' if verb == 'were' else 'it'}"
-                    " to /blobs first)",
-                    field=where,
-                )
+                raise ValidationError(message.format(sha), field=field)
 
     # --------------------------------------------------------------- reads
 

@@ -32,7 +32,7 @@ from .placement import (
 )
 from .sessions import Sessions
 from .store import JobRecord, Statement
-from .transitions import placed
+from .transitions import placed_on
 
 log = logging.getLogger("gpulayer.placer")
 
@@ -122,9 +122,7 @@ class Placer:
         for w in sorted(candidates, key=lambda w: (p.usage[w.id].tasks, w.name)):
             gpus = fit(spec.resources, w, p.usage[w.id])
             if isinstance(gpus, list):
-                gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
-                why = f"placed on {w.name}{gpu_text}"
-                p.stmts += placed(p.now, job, [(new_id(), w.id, gpus, None, None)], why)
+                p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
                 latency = max(0.0, p.now - job.updated_at)
                 self._core.instruments.placement_latency.observe(latency)
                 p.take(job.id, w.id, gpus)

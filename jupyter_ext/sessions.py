@@ -24,7 +24,7 @@ from . import access
 from .auth import Principal
 from .core import Core, new_id
 from .store import JobRecord, Statement, as_datetime, as_optional_datetime
-from .transitions import job_to, placed
+from .transitions import job_to, placed_on
 
 
 class Sessions:
@@ -146,9 +146,7 @@ class Sessions:
         if w is None:
             return None
         gpus = list(task.gpu_indices)
-        gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
-        why = f"placed on {w.name}{gpu_text}"
-        return placed(now, job, [(new_id(), w.id, gpus, None, None)], why), w.id
+        return placed_on(now, job, new_id(), w.id, w.name, gpus), w.id
 
     def cell_ended(self, job_id: str) -> None:
         """A cell in a session ended: its session was active just now."""

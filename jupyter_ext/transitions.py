@@ -108,6 +108,15 @@ def placed(
     return [*stmts, *job_to(now, job, _S.scheduled, reason)]
 
 
+def placed_on(
+    now: float, job: JobRecord, task_id: str, worker_id: str, worker_name: str, gpus: list[int]
+) -> list[Statement]:
+    """Give ``job`` one task on one worker (and these GPUs)."""
+    gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+    why = f"placed on {worker_name}{gpu_text}"
+    return placed(now, job, [(task_id, worker_id, gpus, None, None)], why)
+
+
 def started(now: float, job: JobRecord, task: TaskRecord, lease_expires: float) -> list[Statement]:
     """A worker picked ``task`` up: it and its job run."""
     check(task.state, _S.running, f"task {task.id}")
