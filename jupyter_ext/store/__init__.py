@@ -1,15 +1,16 @@
 """The embedded store: SQL and typed records live here and nowhere else.
 
 :class:`Store` is one aiosqlite connection (``db.py``) with the queries of each
-concern mixed in: jobs and tasks (``jobs.py``), log and metric streams
-(``streams.py``), workers (``workers.py``) and tokens (``tokens.py``). Reads answer
-frozen records (``records.py``); the statements that change jobs and tasks are
-built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
-:meth:`Store.apply` in one transaction. The schema and its migrations are in
+concern mixed in: jobs and tasks (``jobs.py``), task outputs (log lines and
+metric points, ``outputs.py``), workers (``workers.py``) and tokens
+(``tokens.py``). Reads answer frozen records (``records.py``); the statements that
+change jobs and tasks are built in ``writes.py`` for :mod:`jupyter_ext.transitions`
+and run by :meth:`Store.apply` in one transaction. The schema and its migrations are in
 ``schema.py``.
 """
 
 from .jobs import JobQueries
+from .outputs import OutputQueries
 from .records import (
     ACTIVE_STATES,
     ArtifactRecord,
@@ -24,7 +25,6 @@ from .records import (
     as_optional_datetime,
 )
 from .schema import SCHEMA_VERSION
-from .streams import StreamQueries
 from .tokens import TokenQueries
 from .workers import WorkerQueries
 from .writes import Statement
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-class Store(JobQueries, StreamQueries, WorkerQueries, TokenQueries):
+class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries):
     """Async access to the gpulayer database.
 
     Methods are small and named for what the services need; each write commits

@@ -1,4 +1,4 @@
-"""Log lines and training metric points: batched appends and paged reads.
+"""Task outputs, log lines and training metric points: batched appends and paged reads.
 
 A batch carries the task-local number of its first line (or point), so a batch a
 worker sends twice is stored once; each batch is one transaction.
@@ -14,8 +14,8 @@ from .db import Database, transaction
 from .records import MetricRecord, as_datetime
 
 
-class StreamQueries(Database):
-    """The ``logs`` and ``metrics`` tables."""
+class OutputQueries(Database):
+    """The ``logs`` and ``metrics`` tables: what tasks output."""
 
     async def append_logs(
         self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[Any, ...]]
