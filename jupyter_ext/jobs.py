@@ -18,7 +18,17 @@ not see is answered as if it did not exist.
 import logging
 from collections.abc import Sequence
 
-from gpulayer.contracts import Artifact, Event, Job, JobKind, JobSpec, JobState, LogPage, Placement
+from gpulayer.contracts import (
+    TERMINAL_STATES,
+    Artifact,
+    Event,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    LogPage,
+    Placement,
+)
 from gpulayer.errors import InvalidTransition, NotFound, ValidationError
 
 from . import access, gangs
@@ -34,6 +44,7 @@ log = logging.getLogger("gpulayer.jobs")
 
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
+_ACTIVE = frozenset(JobState) - TERMINAL_STATES
 
 
 class Jobs:
@@ -143,6 +154,10 @@ class Jobs:
         rows = await self._core.store.list_jobs(state, limit, owner)
         names = await self._core.fleet.all_names()
         return [r.model([], names, self._core.spec(r)) for r in rows]
+
+    async def active_count(self) -> int:
+        """How many jobs have not ended (queued, scheduled or running)."""
+        return await self._core.store.count_jobs(sorted(_ACTIVE))
 
     async def events(self, job_id: str, viewer: Principal | None = None) -> list[Event]:
         """Every state change of a job, oldest first."""

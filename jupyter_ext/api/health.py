@@ -3,11 +3,9 @@
 from jupyter_server.auth.decorator import allow_unauthenticated
 
 from gpulayer import __version__
-from gpulayer.contracts import Health, JobState, WorkerState
+from gpulayer.contracts import Health, WorkerState
 
 from .base import GpulayerAPIHandler
-
-_ACTIVE = (JobState.queued, JobState.scheduled, JobState.running)
 
 
 class HealthHandler(GpulayerAPIHandler):
@@ -17,7 +15,7 @@ class HealthHandler(GpulayerAPIHandler):
     async def get(self) -> None:
         """Answer ``Health``."""
         workers = [w for w in await self.gl.workers.all() if w.state == WorkerState.ready]
-        active = await self.gl.store.count_jobs(_ACTIVE)
+        active = await self.gl.jobs.active_count()
         self.reply(Health(version=__version__, workers_ready=len(workers), jobs_active=active))
 
 
