@@ -282,7 +282,7 @@ class Jobs:
         now = core.clock()
         spec = core.spec(row)
         if spec.kind == JobKind.session:
-            self._sessions.ending.add(row.id)  # its name is free from now on
+            self._sessions.end_requested(row.id)
         task = await core.current_task(row.id)
         if gangs.is_gang(spec):  # every node at once
             end = gangs.cancel(now, row, await core.store.tasks_of_job(row.id), reason)

@@ -148,6 +148,10 @@ class Sessions:
         gpus = list(task.gpu_indices)
         return placed_on(now, job, new_id(), w.id, w.name, gpus), w.id
 
+    def end_requested(self, job_id: str) -> None:
+        """A session was asked to end: its name is free from now on."""
+        self.ending.add(job_id)
+
     def cell_ended(self, job_id: str) -> None:
         """A cell in a session ended: its session was active just now."""
         name = self.open_cells.pop(job_id, None)
