@@ -21,6 +21,7 @@ Prints a table and writes ``benchmarks/results/scheduler.json``. Never asserts.
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -34,12 +35,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import gpulayer
-from gpulayer.contracts import JobSpec, WorkerRegistration
+from gpulayer.contracts import JobSpec, JobState, WorkerRegistration, WorkerState
 from gpulayer.worker.devices import parse_simulated
+from jupyter_ext import transitions
 from jupyter_ext.artifacts import BlobStore
 from jupyter_ext.auth import TokenService
-from jupyter_ext.scheduler import Scheduler
-from jupyter_ext.store import Store
+from jupyter_ext.control_plane import ControlPlane
+from jupyter_ext.store import Store, WorkerRecord
 from jupyter_ext.streams import Notifier
 
 GPU_MIXES = ["8xA100-80GB", "4xH100-80GB", "2xT4-16GB", "1xL4-24GB", ""]
@@ -69,7 +71,7 @@ async def in_process(n_jobs: int, n_workers: int, samples: int, seed: int) -> di
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
         store = await Store(Path(tmp) / "bench.db").open()
-        sched = Scheduler(store, BlobStore(Path(tmp) / "blobs"), Notifier(), TokenService(store))
+        sched = ControlPlane(store, BlobStore(Path(tmp) / "blobs"), Notifier(), TokenService(store))
         # Jobs are queued first (no worker yet: each submit is cheap), then all the
         # workers appear at once and one timed pass places what fits.
         tracemalloc.start()
@@ -77,41 +79,49 @@ async def in_process(n_jobs: int, n_workers: int, samples: int, seed: int) -> di
         t0 = time.perf_counter()
         for i in range(n_jobs):
             res = REQUIREMENTS[i % len(REQUIREMENTS)]
-            await sched.submit(JobSpec(command=["true"], resources=res,
+            await sched.jobs.submit(JobSpec(command=["true"], resources=res,
                                        priority=rng.choice([0, 0, 0, 1])), "bench")  # fmt: skip
         submit_s = time.perf_counter() - t0
         now = time.time()
         for i in range(n_workers):
             reg = _registration(i, rng)
-            info = reg.model_dump(mode="json", include={"cpus", "memory_bytes", "devices",
-                                                        "labels", "slots", "version"})  # fmt: skip
-            await store.upsert_worker({
-                "id": f"id{i:04d}", "name": reg.name, "hostname": reg.hostname,
-                "state": "ready", "draining": 0, "info": info, "registered_at": now,
-                "last_heartbeat": now, "cpu_percent": None, "memory_used": None,
-            })  # fmt: skip
-        queued = await store.count_jobs(["queued"])
+            info = reg.model_dump_json(include={"cpus", "memory_bytes", "devices", "labels",
+                                                "slots", "version"})  # fmt: skip
+            await store.upsert_worker(WorkerRecord(
+                id=f"id{i:04d}", name=reg.name, hostname=reg.hostname, state=WorkerState.ready,
+                info_json=info, registered_at=now, last_heartbeat=now, cpu_percent=None,
+                memory_used=None, draining=False,
+            ))  # fmt: skip
+        queued = await store.count_jobs([JobState.queued])
         t0 = time.perf_counter()
-        placed = await sched.schedule()
+        placed = await sched.placer.schedule()
         full_pass = time.perf_counter() - t0
         t0 = time.perf_counter()
-        await sched.schedule()
+        await sched.placer.schedule()
         saturated_pass = time.perf_counter() - t0
         # Free one slot on one worker: the next pass must find the first job that fits.
+        # (Its task starts and ends through the transitions; its job stays running.)
         [t] = (await store.active_tasks())[:1]
-        await store.apply([("UPDATE tasks SET state = 'succeeded' WHERE id = ?", (t["id"],))])
+        job = await store.get_job(t.job_id)
+        assert job is not None
+        now = time.time()
+        running = dataclasses.replace(t, state=JobState.running)
+        await store.apply(
+            transitions.started(now, job, t, now + 30)
+            + transitions.task_end(now, running, JobState.succeeded, 0, "benchmark")
+        )
         t0 = time.perf_counter()
-        refill = await sched.schedule()
+        refill = await sched.placer.schedule()
         one_slot_pass = time.perf_counter() - t0
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
         mem = sum(s.size_diff for s in after.compare_to(before, "filename"))
-        rows = await store.list_jobs("queued", n_jobs)
+        rows = await store.list_jobs(JobState.queued, n_jobs)
         picks = rng.sample(rows, min(samples, len(rows)))
         reason_ms = []
         for row in picks:
             t0 = time.perf_counter()
-            await sched.placement(row["id"])
+            await sched.jobs.placement(row.id)
             reason_ms.append((time.perf_counter() - t0) * 1000)
         await store.close()
     return {

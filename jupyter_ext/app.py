@@ -9,7 +9,6 @@ single-user server) or headless through ``python -m jupyter_ext`` (what
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,11 @@ from traitlets import Float, Int, Unicode, default, validate
 
 from gpulayer.contracts import API_PREFIX
 
-from . import (
-    handlers,
-    metrics,
-    metrics_handlers,
-    token_handlers,
-    training_handlers,
-    worker_handlers,
-)
+from . import api, prometheus
+from .api.base import AppState, GpulayerAPIHandler, Limits, Running
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
-from .scheduler import Scheduler
+from .control_plane import ControlPlane
 from .store import Store
 from .streams import Notifier
 
@@ -39,32 +32,14 @@ log = logging.getLogger("gpulayer")
 JUPYTER_USER_ROLES = ("admin", "submitter", "viewer")
 
 
-def routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
+def routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
     """Every route the extension mounts (paths relative to the API prefix)."""
-    return (
-        handlers.ROUTES + worker_handlers.ROUTES + token_handlers.ROUTES + training_handlers.ROUTES
-    )
+    return api.ROUTES
 
 
-def outer_routes() -> list[tuple[str, type[handlers.GpulayerAPIHandler]]]:
+def outer_routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
     """Routes beside the API (paths relative to ``<base_url>gpulayer/``)."""
-    return metrics_handlers.ROUTES
-
-
-@dataclass
-class Services:
-    """What handlers reach through ``self.settings["gpulayer"]``."""
-
-    config: "GpulayerApp"
-    store: Store | None = None
-    blobs: BlobStore | None = None
-    tokens: TokenService | None = None
-    notifier: Notifier | None = None
-    scheduler: Scheduler | None = None
-    metrics_registry: Any = None
-    metrics_state: Any = None
-    #: Set once the start hook has opened the store; requests that arrive earlier wait.
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    return api.OUTER_ROUTES
 
 
 class GpulayerApp(ExtensionApp):
@@ -127,15 +102,23 @@ class GpulayerApp(ExtensionApp):
 
     @validate("jupyter_user_role")
     def _valid_role(self, proposal: dict[str, Any]) -> str:
-        if proposal["value"] not in JUPYTER_USER_ROLES:
+        value = str(proposal["value"])
+        if value not in JUPYTER_USER_ROLES:
             raise ValueError(f"jupyter_user_role must be one of {JUPYTER_USER_ROLES}")
-        return proposal["value"]
+        return value
 
     def initialize_settings(self) -> None:
-        """Publish the (not yet started) services to handlers."""
-        self._services = Services(config=self)
+        """Publish the (not yet started) state to handlers."""
+        limits = Limits(
+            long_poll_seconds=self.long_poll_seconds,
+            max_body_bytes=self.max_body_bytes,
+            max_blob_bytes=self.max_blob_bytes,
+            max_log_batch_lines=self.max_log_batch_lines,
+            jupyter_user_role=self.jupyter_user_role,
+        )
+        self._state = AppState(limits=limits)
         self._background: list[asyncio.Task[None]] = []
-        self.settings["gpulayer"] = self._services
+        self.settings["gpulayer"] = self._state
 
     def initialize_handlers(self) -> None:
         """Mount the route tables under the API prefix."""
@@ -153,13 +136,11 @@ class GpulayerApp(ExtensionApp):
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter)
         await tokens.bootstrap(data)
-        notifier = Notifier()
-        blobs = BlobStore(data / "blobs")
-        registry, state, instruments = metrics.make_registry(self._services)
-        scheduler = Scheduler(
+        registry, instruments = prometheus.make_registry()
+        plane = ControlPlane(
             store,
-            blobs,
-            notifier,
+            BlobStore(data / "blobs"),
+            Notifier(),
             tokens,
             heartbeat_seconds=self.heartbeat_seconds,
             aging_seconds=self.aging_seconds,
@@ -168,32 +149,26 @@ class GpulayerApp(ExtensionApp):
             instruments=instruments,
             session_idle_seconds=self.session_idle_seconds,
         )
-        await scheduler.recover()
-        s = self._services
-        s.metrics_registry, s.metrics_state = registry, state
-        s.store, s.blobs, s.tokens, s.notifier, s.scheduler = (
-            store,
-            blobs,
-            tokens,
-            notifier,
-            scheduler,
-        )
-        self._background.append(asyncio.create_task(self._sweep_loop(scheduler)))
-        await scheduler.schedule()
-        s.ready.set()
+        await plane.leases.recover()
+        gauges = prometheus.add_state(registry, store, plane.core.fleet)
+        self._state.running = Running(plane=plane, registry=registry, gauges=gauges)
+        self._background.append(asyncio.create_task(self._sweep_loop(plane)))
+        await plane.placer.schedule()
+        self._state.ready.set()
         self.log.info("gpulayer control plane ready (data in %s)", data)
 
-    async def _sweep_loop(self, scheduler: Scheduler) -> None:
+    async def _sweep_loop(self, plane: ControlPlane) -> None:
         while True:
             await asyncio.sleep(self.sweep_seconds)
             try:
-                await scheduler.sweep()
+                await plane.leases.sweep()
             except Exception:
                 self.log.exception("gpulayer lease sweep failed")
 
     def current_activity(self) -> dict[str, Any] | None:
         """Report open long polls so idle culling leaves a busy control plane alone."""
-        n = self._services.notifier.waiting() if self._services.notifier else 0
+        running = self._state.running
+        n = running.plane.notifier.waiting() if running is not None else 0
         return {"gpulayer_waiters": n} if n else None
 
     async def stop_extension(self) -> None:
@@ -204,9 +179,15 @@ class GpulayerApp(ExtensionApp):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._background.clear()
-        if self._services.store is not None:
-            await self._services.store.close()
-            self._services.scheduler = None
+        running = self._state.running
+        if running is not None:
+            await running.plane.store.close()
+            self._state.running = None
 
 
-main = launch_new_instance = GpulayerApp.launch_instance
+def main(argv: list[str] | None = None) -> None:
+    """Run a headless control plane (``python -m jupyter_ext``)."""
+    GpulayerApp.launch_instance(argv)  # type: ignore[no-untyped-call]  # jupyter_server leaves it untyped
+
+
+launch_new_instance = main

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulayer.contracts import CreatedToken, CreateToken, Token
+from gpulayer.contracts import CreatedToken, CreateToken, Token, TokenState
 from gpulayer.errors import AuthError, Conflict, Forbidden, NotFound, RateLimited
 
-from .store import Store, as_datetime
+from .store import Store, TokenRecord, as_datetime, as_optional_datetime
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 #: Roles an admin may mint; ``worker`` tokens come only from registration.
@@ -162,17 +162,18 @@ class TokenService:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         await self.store.insert_token(
-            {
-                "id": uuid.uuid4().hex[:12],
-                "name": name,
-                "role": role,
-                "hash": hash_token(token),
-                "created_at": self.clock(),
-                "expires_at": expires_at,
-                "revoked_at": None,
-                "worker_id": worker_id,
-                "single_use": int(single_use),
-            }
+            TokenRecord(
+                id=uuid.uuid4().hex[:12],
+                name=name,
+                role=role,
+                hash=hash_token(token),
+                created_at=self.clock(),
+                expires_at=expires_at,
+                revoked_at=None,
+                worker_id=worker_id,
+                single_use=single_use,
+                used_at=None,
+            )
         )
         return token
 
@@ -215,18 +216,18 @@ class TokenService:
         digest = hash_token(token)
         row = await self.store.token_by_hash(digest)
         # The lookup is by hash; compare again in constant time all the same.
-        if row is None or not hmac.compare_digest(row["hash"], digest):
+        if row is None or not hmac.compare_digest(row.hash, digest):
             raise AuthError("unknown gpulayer token")
         state = self._state(row)
         if state != "active":
-            raise AuthError(f"token {row['name']!r} {_STATE_TEXT[state]}")
+            raise AuthError(f"token {row.name!r} {_STATE_TEXT[state]}")
         return Principal(
-            name=row["name"],
-            role=row["role"],
-            token_id=row["id"],
-            worker_id=row["worker_id"],
-            expires_at=row["expires_at"],
-            single_use=bool(row["single_use"]),
+            name=row.name,
+            role=row.role,
+            token_id=row.id,
+            worker_id=row.worker_id,
+            expires_at=row.expires_at,
+            single_use=row.single_use,
         )
 
     async def use(self, principal: Principal) -> None:
@@ -291,7 +292,7 @@ class TokenService:
         rows = [r for r in await self.store.tokens_named(name) if self._state(r) == "active"]
         if not rows:
             raise NotFound(f"no active token named {name!r}")
-        await self._revoke([r["id"] for r in rows], f"token {name!r} was revoked")
+        await self._revoke([r.id for r in rows], f"token {name!r} was revoked")
         return [self._model(r) for r in await self.store.tokens_named(name)]
 
     async def revoke_worker(self, worker_id: str) -> None:
@@ -333,26 +334,26 @@ class TokenService:
 
     # -------------------------------------------------------------- helpers
 
-    def _state(self, row: Any) -> str:
-        if row["used_at"] is not None:
+    def _state(self, row: TokenRecord) -> TokenState:
+        if row.used_at is not None:
             return "used"
-        if row["revoked_at"] is not None:
+        if row.revoked_at is not None:
             return "revoked"
-        if row["expires_at"] is not None and row["expires_at"] <= self.clock():
+        if row.expires_at is not None and row.expires_at <= self.clock():
             return "expired"
         return "active"
 
-    def _model(self, row: Any) -> Token:
+    def _model(self, row: TokenRecord) -> Token:
         return Token(
-            id=row["id"],
-            name=row["name"],
-            role=row["role"],
-            state=self._state(row),  # type: ignore[arg-type]
-            created_at=as_datetime(row["created_at"]),
-            expires_at=as_datetime(row["expires_at"]),
-            revoked_at=as_datetime(row["revoked_at"]),
-            single_use=bool(row["single_use"]),
-            worker_id=row["worker_id"],
+            id=row.id,
+            name=row.name,
+            role=row.role,  # type: ignore[arg-type]  # roles are checked when minted
+            state=self._state(row),
+            created_at=as_datetime(row.created_at),
+            expires_at=as_optional_datetime(row.expires_at),
+            revoked_at=as_optional_datetime(row.revoked_at),
+            single_use=row.single_use,
+            worker_id=row.worker_id,
         )
 
 

@@ -9,9 +9,10 @@ are for watching a worker now, not history, and are gone after a restart.
 from collections import defaultdict, deque
 
 from gpulayer.contracts import Heartbeat, Telemetry, TelemetrySample, Worker
+from gpulayer.errors import NotFound
 
 from .placement import WorkerView
-from .store import Store, as_datetime, worker_model
+from .store import Store, WorkerRecord, as_datetime
 
 
 class Fleet:
@@ -28,12 +29,16 @@ class Fleet:
         """Every worker, parsed, with its current state."""
         out = []
         for row in await self.store.list_workers():
-            key = (row["info"], row["state"])
-            cached = self._views.get(row["id"])
+            key = (row.info_json, row.state)
+            cached = self._views.get(row.id)
             if cached is None or cached[0] != key:
-                cached = self._views[row["id"]] = (key, WorkerView.from_row(row))
+                cached = self._views[row.id] = (key, WorkerView.from_record(row))
             out.append(cached[1])
         return out
+
+    async def all_names(self) -> dict[str, str]:
+        """Every worker's name by id."""
+        return {w.id: w.name for w in await self.views()}
 
     async def names(self, ids: set[str | None]) -> dict[str, str]:
         """Worker names by id, for ``ids`` (None ignored): from the views already
@@ -59,11 +64,11 @@ class Fleet:
         """Every worker with its running tasks and its latest readings."""
         running: dict[str, list[str]] = defaultdict(list)
         for t in await self.store.active_tasks():
-            running[t["worker_id"]].append(t["id"])
+            running[t.worker_id or ""].append(t.id)
         out = []
         for r in await self.store.list_workers():
-            w = worker_model(r, running[r["id"]])
-            if samples := self._telemetry.get(r["id"]):
+            w = r.model(running[r.id])
+            if samples := self._telemetry.get(r.id):
                 w.gpus, w.tasks = samples[-1].gpus, samples[-1].tasks
             out.append(w)
         return out
@@ -77,5 +82,18 @@ class Fleet:
             For an unknown worker.
         """
         row = await self.store.find_worker(name)
-        samples = list(self._telemetry.get(row["id"], ()))
-        return Telemetry(worker_id=row["id"], worker_name=row["name"], samples=samples)
+        samples = list(self._telemetry.get(row.id, ()))
+        return Telemetry(worker_id=row.id, worker_name=row.name, samples=samples)
+
+    async def get(self, worker_id: str) -> WorkerRecord:
+        """A registered worker by id.
+
+        Raises
+        ------
+        NotFound
+            For an unknown id (the worker must register again).
+        """
+        row = await self.store.get_worker(worker_id)
+        if row is None:
+            raise NotFound(f"no worker with id {worker_id!r}; register again")
+        return row

@@ -17,14 +17,14 @@ their workers hear of it through the acquire long-poll and stop the processes.
 
 import json
 import random
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpulayer.contracts import Gang, JobKind, JobSpec, Placement
+from gpulayer.contracts import Gang, JobKind, JobSpec, JobState, Placement
 
 from .placement import Usage, WorkerView, fit
-from .transitions import Statement, job_to, task_end
+from .store import ACTIVE_STATES, JobRecord, Statement, TaskRecord
+from .transitions import job_to, placed, retry_or_end, task_end
 
 #: Ports the rank-0 node's rendezvous may use; a random free-looking one is picked
 #: so that a port still held by a gang that just ended is unlikely to come back.
@@ -78,12 +78,12 @@ def choose(
     return nodes
 
 
-def busy_ports(active_tasks: Sequence[sqlite3.Row]) -> set[tuple[str, int]]:
+def busy_ports(active_tasks: Sequence[TaskRecord]) -> set[tuple[str, int]]:
     """``(address, port)`` of the rendezvous of every active gang."""
     out = set()
     for t in active_tasks:
-        if t["gang"]:
-            g = json.loads(t["gang"])
+        if t.gang_json:
+            g = json.loads(t.gang_json)
             out.add((g["master_addr"], g["master_port"]))
     return out
 
@@ -100,7 +100,7 @@ def pick_port(address: str, busy: set[tuple[str, int]]) -> int:
 
 def place(
     now: float,
-    job: sqlite3.Row,
+    job: JobRecord,
     spec: JobSpec,
     nodes: list[Node],
     address: str,
@@ -108,8 +108,7 @@ def place(
     new_id: Callable[[], str],
 ) -> list[Statement]:
     """Statements that give ``job`` one scheduled task per node (lock held)."""
-    attempt = job["attempts"] + 1
-    stmts: list[Statement] = []
+    tasks = []
     for rank, node in enumerate(nodes):
         gang = Gang(
             node_rank=rank,
@@ -118,37 +117,18 @@ def place(
             master_addr=address,
             master_port=port,
         )
-        stmts.append(
-            (
-                "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices,"
-                " created_at, node_rank, gang) VALUES (?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)",
-                (
-                    new_id(),
-                    job["id"],
-                    attempt,
-                    node.worker.id,
-                    json.dumps(node.gpus),
-                    now,
-                    rank,
-                    gang.model_dump_json(),
-                ),
-            )
-        )
-    head = nodes[0].worker.id
-    stmts.append(
-        ("UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?", (attempt, head, job["id"]))
-    )
+        tasks.append((new_id(), node.worker.id, node.gpus, rank, gang.model_dump_json()))
     where = ", ".join(
         f"{n.worker.name}" + (f" (GPUs {','.join(map(str, n.gpus))})" if n.gpus else "")
         for n in nodes
     )
     why = f"gang of {spec.nodes} placed on {where}; rendezvous {address}:{port}"
-    return [*stmts, *job_to(now, job, "scheduled", why)]
+    return placed(now, job, tasks, why)
 
 
-def gang_of(task: sqlite3.Row) -> Gang | None:
+def gang_of(task: TaskRecord) -> Gang | None:
     """The rendezvous stored with a task (None for a task of another kind)."""
-    return Gang.model_validate_json(task["gang"]) if task["gang"] else None
+    return Gang.model_validate_json(task.gang_json) if task.gang_json else None
 
 
 @dataclass
@@ -161,11 +141,11 @@ class GangEnd:
 
 def finish(
     now: float,
-    job: sqlite3.Row,
+    job: JobRecord,
     spec: JobSpec,
-    tasks: Sequence[sqlite3.Row],
-    task: sqlite3.Row,
-    state: str,
+    tasks: Sequence[TaskRecord],
+    task: TaskRecord,
+    state: JobState,
     exit_code: int | None,
     reason: str,
     *,
@@ -174,50 +154,42 @@ def finish(
 ) -> GangEnd:
     """End ``task``; end its job and stop its peers as the gang's rules say (lock held).
 
-    ``tasks`` are every task of the job (rows as stored now).
+    ``tasks`` are every task of the job (as stored now).
     """
     stmts = task_end(now, task, state, exit_code, reason)
-    current = task["attempt"] == job["attempts"] and job["state"] in ("scheduled", "running")
+    current = task.attempt == job.attempts and job.state in ACTIVE_STATES
     if not current:  # the gang already ended (or moved on to another attempt)
         return GangEnd(stmts, [])
-    peers = [t for t in tasks if t["attempt"] == task["attempt"] and t["id"] != task["id"]]
-    if state == "succeeded":
-        if all(t["state"] == "succeeded" for t in peers):
-            stmts += job_to(now, job, "succeeded", "every node exited 0", ended=True, exit_code=0)
+    peers = [t for t in tasks if t.attempt == task.attempt and t.id != task.id]
+    if state == JobState.succeeded:
+        if all(t.state == JobState.succeeded for t in peers):
+            stmts += job_to(now, job, JobState.succeeded, "every node exited 0", exit_code=0)
         return GangEnd(stmts, [])
-    node = f"node {task['node_rank']} on {names.get(task['worker_id'], task['worker_id'])}"
+    node = f"node {task.node_rank} on {names.get(task.worker_id or '', task.worker_id)}"
     why = f"{node}: {reason}"
-    stop = []
-    for peer in peers:
-        if peer["state"] in ("scheduled", "running"):
-            stmts += task_end(now, peer, "cancelled", None, f"gang stopped: {why}")
-            if peer["state"] == "running":
-                stop.append((peer["worker_id"], peer["id"]))
-    if retry and state in ("failed", "lost") and job["attempts"] <= spec.retries:
-        left = spec.retries - job["attempts"] + 1
-        stmts += job_to(
-            now,
-            job,
-            "queued",
-            f"attempt {job['attempts']} {state} ({why}); retrying,"
-            f" {left} attempt{'s' if left != 1 else ''} left",
-        )
-    else:
-        stmts += job_to(now, job, state, why, ended=True, exit_code=exit_code)
-    return GangEnd(stmts, stop)
+    end = _stop_active(now, peers, f"gang stopped: {why}")
+    stmts += end.statements
+    stmts += retry_or_end(now, job, spec.retries, state, exit_code, why, retry=retry)
+    return GangEnd(stmts, end.stop)
 
 
-def cancel(now: float, job: sqlite3.Row, tasks: Sequence[sqlite3.Row], reason: str) -> GangEnd:
-    """Cancel a whole gang at once: every active node ends ``cancelled`` (lock held)."""
+def _stop_active(now: float, tasks: Sequence[TaskRecord], reason: str) -> GangEnd:
+    """End every active task of ``tasks`` ``cancelled``; the running ones are to stop."""
     stmts: list[Statement] = []
     stop = []
     for t in tasks:
-        if t["state"] in ("scheduled", "running"):
-            stmts += task_end(now, t, "cancelled", None, reason)
-            if t["state"] == "running":
-                stop.append((t["worker_id"], t["id"]))
-    stmts += job_to(now, job, "cancelled", reason, ended=True)
+        if t.state in ACTIVE_STATES:
+            stmts += task_end(now, t, JobState.cancelled, None, reason)
+            if t.state == JobState.running and t.worker_id is not None:
+                stop.append((t.worker_id, t.id))
     return GangEnd(stmts, stop)
+
+
+def cancel(now: float, job: JobRecord, tasks: Sequence[TaskRecord], reason: str) -> GangEnd:
+    """Cancel a whole gang at once: every active node ends ``cancelled`` (lock held)."""
+    end = _stop_active(now, tasks, reason)
+    end.statements += job_to(now, job, JobState.cancelled, reason)
+    return end
 
 
 def waiting(report: Placement, spec: JobSpec) -> Placement:

@@ -1,30 +1,9 @@
-"""``GET /gpulayer/metrics``: the Prometheus scrape route (series in ``metrics.py``).
+"""Compatibility shim: moved to ``jupyter_ext.api.prometheus``.
 
-It lives beside the API (``<base_url>gpulayer/metrics``, not under ``api/v1/``),
-where scrapers expect a ``/metrics`` path, and needs a ``viewer`` token (or
-``admin``, or the Jupyter user): see ``docs/adr/0020-metrics-route-and-auth.md``.
+Kept so that code written against the old layout keeps importing while branches
+merge (issue 14); new code imports the new module. Remove once nothing uses it.
 """
 
-from jupyter_server.auth.decorator import allow_unauthenticated
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from .api.prometheus import ROUTES, MetricsHandler
 
-from .auth import requires
-from .handlers import GpulayerAPIHandler
-
-
-class MetricsHandler(GpulayerAPIHandler):
-    """``GET /gpulayer/metrics``: Prometheus text format."""
-
-    @allow_unauthenticated
-    @requires("viewer")
-    async def get(self) -> None:
-        """Refresh the state gauges, then expose every series."""
-        services = self.gl
-        await services.metrics_state.refresh()
-        body = generate_latest(services.metrics_registry)
-        self.finish(body, set_content_type=CONTENT_TYPE_LATEST)
-
-
-#: Routes outside the API prefix, relative to ``<base_url>gpulayer/``.
-ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [(r"metrics", MetricsHandler)]
+__all__ = ["ROUTES", "MetricsHandler"]

@@ -9,9 +9,7 @@ satisfy it: the job is flagged unsatisfiable there) or *dynamic* (slots or GPUs 
 busy now: the job waits).
 """
 
-import json
 import re
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -23,8 +21,11 @@ from gpulayer.contracts import (
     Placement,
     Resources,
     WorkerFit,
+    WorkerState,
     compute_capability_tuple,
 )
+
+from .store import TaskRecord, WorkerRecord
 
 _GIB = 1024**3
 
@@ -35,7 +36,7 @@ class WorkerView:
 
     id: str
     name: str
-    state: str
+    state: WorkerState
     cpus: int
     memory_bytes: int
     slots: int
@@ -43,13 +44,13 @@ class WorkerView:
     devices: tuple[Device, ...]
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "WorkerView":
-        """Parse a ``workers`` row."""
-        info = json.loads(row["info"])
+    def from_record(cls, row: WorkerRecord) -> "WorkerView":
+        """Parse a worker's registration."""
+        info = row.info
         return cls(
-            id=row["id"],
-            name=row["name"],
-            state=row["state"],
+            id=row.id,
+            name=row.name,
+            state=row.state,
             cpus=info["cpus"],
             memory_bytes=info["memory_bytes"],
             slots=info["slots"],
@@ -66,14 +67,14 @@ class Usage:
     gpus: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
 
 
-def usage_by_worker(active_tasks: Iterable[sqlite3.Row]) -> dict[str, Usage]:
+def usage_by_worker(active_tasks: Iterable[TaskRecord]) -> dict[str, Usage]:
     """Sum the active tasks per worker id."""
     usage: dict[str, Usage] = {}
     for t in active_tasks:
-        u = usage.setdefault(t["worker_id"], Usage())
+        u = usage.setdefault(t.worker_id or "", Usage())
         u.tasks += 1
-        for i in json.loads(t["gpu_indices"]):
-            u.gpus[i] = t["job_id"]
+        for i in t.gpu_indices:
+            u.gpus[i] = t.job_id
     return usage
 
 
@@ -154,8 +155,8 @@ def static_misfit(res: Resources, w: WorkerView) -> str | None:
 
 def fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
     """The GPU indices a task needing ``res`` gets on ``w`` now, or why it does not fit."""
-    if w.state != "ready":
-        return "draining: takes no new tasks" if w.state == "draining" else w.state
+    if w.state != WorkerState.ready:
+        return "draining: takes no new tasks" if w.state == WorkerState.draining else w.state.value
     return static_misfit(res, w) or free_fit(res, w, usage)
 
 
@@ -210,18 +211,17 @@ def waiting_report(
     for w in views:
         u = usage.get(w.id) or Usage()
         never = static_misfit(res, w)
+        fits_now = False
         if never is not None:
-            reason, fits_now = never, False
-        elif w.state != "ready":
-            reason, fits_now = fit(res, w, u), False
+            reason = never
+        elif w.state != WorkerState.ready:
+            reason = str(fit(res, w, u))
         else:
             now = free_fit(res, w, u)
             fits_now = isinstance(now, list)
-            reason = "fits; waiting for the next placement pass" if fits_now else now
+            reason = now if isinstance(now, str) else "fits; waiting for the next placement pass"
         fits.append(
-            WorkerFit(
-                worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=str(reason)
-            )
+            WorkerFit(worker=w.name, fits=fits_now, could_ever_fit=never is None, reason=reason)
         )
     satisfiable = any(f.could_ever_fit for f in fits)
     summary = (

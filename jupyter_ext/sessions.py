@@ -14,56 +14,52 @@ in memory (open cells, last activity) and rebuilt from the store by
 :meth:`Sessions.recover` after a restart, when idle clocks start again.
 """
 
-import json
-import sqlite3
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-from gpulayer.contracts import JobSpec, JobState, Session
+from gpulayer.contracts import CreateSession, Job, JobKind, JobSpec, JobState, Session
 from gpulayer.errors import Conflict, NotFound
 
-from .store import as_datetime
-from .transitions import Statement, job_to
-
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
-
-_ACTIVE = ("queued", "scheduled", "running")
+from . import access
+from .auth import Principal
+from .core import Core, new_id
+from .store import JobRecord, Statement, as_datetime, as_optional_datetime
+from .transitions import job_to, placed_on
 
 
 class Sessions:
-    """The scheduler's session bookkeeping (its lock guards the placement parts)."""
+    """Session bookkeeping (the core's lock guards the placement parts)."""
 
-    def __init__(self, scheduler: "Scheduler", idle_seconds: float) -> None:
-        self._s = scheduler
-        self.idle_seconds = idle_seconds
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self.idle_seconds = core.settings.session_idle_seconds
         self.open_cells: dict[str, str] = {}  # cell job id (in a session) -> session name
         self._activity: dict[str, float] = {}  # session name -> last submit or end of a cell
         self._cells_run: dict[str, int] = {}  # session job id -> cells that ended
         # Sessions asked to end whose worker has not confirmed yet: their name is free.
         self.ending: set[str] = set()
 
-    def _spec(self, row: sqlite3.Row) -> JobSpec:
-        return self._s._spec(row)[0]
+    def _spec(self, row: JobRecord) -> JobSpec:
+        return self._core.spec(row)
 
     # ------------------------------------------------------------ queries
 
-    async def active(self) -> dict[str, sqlite3.Row]:
+    async def active(self) -> dict[str, JobRecord]:
         """Sessions that have not ended, by name."""
-        rows = await self._s.store.active_kernel_jobs()
-        return {
-            self._spec(r).session.name: r  # type: ignore[union-attr]
-            for r in rows
-            if self._spec(r).session is not None and r["id"] not in self.ending
-        }
+        out = {}
+        for r in await self._core.store.active_kernel_jobs():
+            session = self._spec(r).session
+            if session is not None and r.id not in self.ending:
+                out[session.name] = r
+        return out
 
     async def recover(self) -> None:
         """Rebuild the in-memory state from the store (after a restart)."""
-        now = self._s.clock()
-        for r in await self._s.store.active_kernel_jobs():
+        now = self._core.clock()
+        for r in await self._core.store.active_kernel_jobs():
             spec = self._spec(r)
             if spec.in_session:
-                self.open_cells[r["id"]] = spec.in_session
+                self.open_cells[r.id] = spec.in_session
             elif spec.session is not None:
                 self._activity[spec.session.name] = now
 
@@ -94,7 +90,7 @@ class Sessions:
 
     def submitted(self, job_id: str, spec: JobSpec) -> None:
         """Note a new session or cell."""
-        now = self._s.clock()
+        now = self._core.clock()
         if spec.session is not None:
             self._activity[spec.session.name] = now
         elif spec.in_session:
@@ -114,108 +110,184 @@ class Sessions:
         pairs to notify."""
         if not self.open_cells:
             return [], []
-        rows = await self._s.store.jobs_by_ids(list(self.open_cells))
-        waiting = [r for r in rows if r["state"] == "queued"]
+        rows = await self._core.store.jobs_by_ids(list(self.open_cells))
+        waiting = [r for r in rows if r.state == JobState.queued]
         for r in rows:
-            if r["state"] in ("succeeded", "failed", "cancelled", "timed_out", "lost"):
-                self.cell_ended(r["id"])
+            if r.ended:
+                self.cell_ended(r.id)
         if not waiting:
             return [], []
         active = await self.active()
-        views = {w.id: w for w in await self._s.fleet.views()}
         stmts: list[Statement] = []
-        placed = []
+        out = []
         for job in waiting:
-            name = self.open_cells[job["id"]]
-            session = active.get(name)
-            if session is None:
-                why = f"session {name!r} has ended; start it again to run cells in it"
-                stmts += job_to(now, job, "cancelled", why, ended=True)
-                self.cell_ended(job["id"])
-                placed.append((job["id"], ""))
-                continue
-            task = await self._s._current_task(session["id"])
-            if session["state"] != "running" or task is None or task["state"] != "running":
-                continue  # the session's kernel is still starting: the cell waits
-            w = views.get(task["worker_id"])
-            if w is None:
-                continue
-            gpus = [int(i) for i in _json_list(task["gpu_indices"])]
-            stmts += self._s._place(job, w, gpus, now)
-            placed.append((job["id"], w.id))
-        return stmts, placed
+            got = await self._place_cell(now, job, active)
+            if got is not None:
+                stmts += got[0]
+                out.append((job.id, got[1]))
+        return stmts, out
+
+    async def _place_cell(
+        self, now: float, job: JobRecord, active: dict[str, JobRecord]
+    ) -> tuple[list[Statement], str] | None:
+        """One waiting cell: placed on its session's worker (with its GPUs), cancelled
+        when the session ended, or None while the session's kernel is starting."""
+        name = self.open_cells[job.id]
+        session = active.get(name)
+        if session is None:
+            why = f"session {name!r} has ended; start it again to run cells in it"
+            self.cell_ended(job.id)
+            return job_to(now, job, JobState.cancelled, why), ""
+        task = await self._core.current_task(session.id)
+        if session.state != JobState.running or task is None or task.state != JobState.running:
+            return None
+        views = {w.id: w for w in await self._core.fleet.views()}
+        w = views.get(task.worker_id or "")
+        if w is None:
+            return None
+        gpus = list(task.gpu_indices)
+        return placed_on(now, job, new_id(), w.id, w.name, gpus), w.id
+
+    def end_requested(self, job_id: str) -> None:
+        """A session was asked to end: its name is free from now on."""
+        self.ending.add(job_id)
 
     def cell_ended(self, job_id: str) -> None:
         """A cell in a session ended: its session was active just now."""
         name = self.open_cells.pop(job_id, None)
         if name is not None:
-            self._activity[name] = self._s.clock()
+            self._activity[name] = self._core.clock()
 
     def session_ended(self, job_id: str) -> None:
         """Forget what was counted for an ended session."""
         self._cells_run.pop(job_id, None)
         self.ending.discard(job_id)
 
-    def count_cell(self, session: str, active: dict[str, sqlite3.Row]) -> None:
+    def count_cell(self, session: str, active: dict[str, JobRecord]) -> None:
         """One more cell of ``session`` ended."""
         row = active.get(session)
         if row is not None:
-            self._cells_run[row["id"]] = self._cells_run.get(row["id"], 0) + 1
+            self._cells_run[row.id] = self._cells_run.get(row.id, 0) + 1
+
+    async def job_ended(self, job_id: str) -> None:
+        """Bookkeeping once a cell or a session may have ended."""
+        row = await self._core.store.get_job(job_id)
+        if row is None or not row.ended:
+            return
+        spec = self._spec(row)
+        if spec.in_session and job_id in self.open_cells:
+            self.count_cell(spec.in_session, await self.active())
+            self.cell_ended(job_id)
+        elif spec.kind == JobKind.session:
+            self.session_ended(job_id)
 
     async def idle(self, now: float) -> list[tuple[str, str]]:
         """``(job id, reason)`` of running sessions idle past their timeout."""
         busy = set(self.open_cells.values())
         out = []
         for name, row in (await self.active()).items():
-            if row["state"] != "running" or name in busy:
+            if row.state != JobState.running or name in busy:
                 continue
             timeout = self.idle_timeout(self._spec(row))
-            since = max(self._activity.get(name, now), row["started_at"] or now)
+            since = max(self._activity.get(name, now), row.started_at or now)
             if now - since > timeout:
-                out.append((row["id"], f"ended after {_human(timeout)} without a cell"))
+                out.append((row.id, f"ended after {_human(timeout)} without a cell"))
         return out
 
     # ------------------------------------------------------------- models
 
-    async def model(self, row: sqlite3.Row) -> Session:
-        """The :class:`~gpulayer.contracts.Session` of a session job row."""
+    async def model(self, row: JobRecord) -> Session:
+        """The :class:`~gpulayer.contracts.Session` of a session job."""
         spec = self._spec(row)
         assert spec.session is not None
-        task = await self._s._current_task(row["id"])
-        names = await self._s._worker_names()
+        task = await self._core.current_task(row.id)
+        names = await self._core.fleet.all_names()
         last = self._activity.get(spec.session.name)
+        running = row.state == JobState.running
         return Session(
             name=spec.session.name,
-            job_id=row["id"],
-            state=JobState(row["state"]),
-            reason=row["reason"],
-            owner=row["owner"],
-            worker_name=names.get(row["worker_id"]),
-            gpu_indices=[] if task is None else _json_list(task["gpu_indices"]),
+            job_id=row.id,
+            state=row.state,
+            reason=row.reason,
+            owner=row.owner,
+            worker_name=names.get(row.worker_id or ""),
+            gpu_indices=[] if task is None else list(task.gpu_indices),
             idle_timeout=self.idle_timeout(spec),
-            created_at=as_datetime(row["created_at"]),
-            started_at=as_datetime(row["started_at"]),
-            last_activity=as_datetime(last) if row["state"] == "running" else None,
-            cells=self._cells_run.get(row["id"], 0),
+            created_at=as_datetime(row.created_at),
+            started_at=as_optional_datetime(row.started_at),
+            last_activity=as_optional_datetime(last) if running else None,
+            cells=self._cells_run.get(row.id, 0),
         )
 
-    async def find(self, name: str, owner: str | None = None) -> sqlite3.Row:
-        """The running session ``name`` (only ``owner``'s when given).
+    async def find(self, name: str, viewer: Principal | None = None) -> JobRecord:
+        """The running session ``name``, as ``viewer`` may see it.
 
         Raises
         ------
         NotFound
-            When there is none.
+            When there is none (or it is another owner's).
         """
         row = (await self.active()).get(name)
-        if row is None or (owner is not None and row["owner"] != owner):
+        if row is None or not access.may_see(viewer, row):
             raise NotFound(f"no session named {name!r}")
         return row
 
+    async def check_cells(self, specs: Sequence[JobSpec], viewer: Principal | None) -> None:
+        """Refuse cells in a session ``viewer`` may not see, as if it did not exist."""
+        if access.owner_scope(viewer) is None:
+            return
+        for name in {s.in_session for s in specs if s.in_session}:
+            await self.find(name, viewer)
 
-def _json_list(text: str) -> list[Any]:
-    value = json.loads(text)
-    return value if isinstance(value, list) else []
+
+class JobControl(Protocol):
+    """What the session service needs of the job service."""
+
+    async def submit(self, spec: JobSpec, owner: str) -> Job:
+        """Queue a job."""
+        ...
+
+    async def cancel(self, job_id: str, by: str, *, reason: str | None = None) -> Job:
+        """Cancel a job."""
+        ...
+
+
+class SessionService:
+    """``sessions`` routes: start, list, read and end sessions."""
+
+    def __init__(self, core: Core, sessions: Sessions, jobs: JobControl) -> None:
+        self._core = core
+        self._sessions = sessions
+        self._jobs = jobs
+
+    async def create(self, req: CreateSession, owner: str) -> Session:
+        """Start a session: a ``session`` job placed like any other."""
+        spec = JobSpec.model_validate(
+            {
+                "kind": "session",
+                "name": req.name,
+                "session": {"name": req.name, "idle_timeout": req.idle_timeout},
+                "resources": req.resources,
+                "env": req.env,
+                "labels": req.labels,
+            }
+        )
+        job = await self._jobs.submit(spec, owner)
+        return await self._sessions.model(await self._core.job(job.id))
+
+    async def running(self, viewer: Principal | None = None) -> list[Session]:
+        """Sessions that have not ended (as ``viewer`` may see them), oldest first."""
+        rows = (await self._sessions.active()).values()
+        return [await self._sessions.model(r) for r in rows if access.may_see(viewer, r)]
+
+    async def get(self, name: str, viewer: Principal | None = None) -> Session:
+        """One running session."""
+        return await self._sessions.model(await self._sessions.find(name, viewer))
+
+    async def end(self, name: str, by: str, viewer: Principal | None = None) -> None:
+        """End a session: its kernel is shut down, its slot and GPUs freed."""
+        row = await self._sessions.find(name, viewer)
+        await self._jobs.cancel(row.id, by, reason=f"ended by {by}")
 
 
 def _human(seconds: float) -> str:

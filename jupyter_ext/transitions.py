@@ -1,87 +1,167 @@
-"""Job and task state transitions as SQL statements, each with its event.
+"""The only writer of job and task states: each change checked, each with its event.
 
-Every change of state is written together with an ``events`` row (time, state,
-reason) in the scheduler's transaction, and is checked against the state
-machine first::
+Every change of state is checked against the state machine, then written together
+with an ``events`` row (time, state, reason) in the caller's transaction::
 
     queued ──▶ scheduled ──▶ running ──▶ succeeded | failed | cancelled | timed_out | lost
       ▲            │            │
       └────────────┴────────────┘   retry, or a task taken back before it started
+
+The functions here are pure: they take records as read under the control plane's
+lock and return :data:`~jupyter_ext.store.Statement` lists for
+:meth:`~jupyter_ext.store.Store.apply`. Nothing else builds a statement that
+changes a job's or a task's state.
 """
 
-import sqlite3
 from collections.abc import Sequence
-from typing import Any
 
-from gpulayer.contracts import TERMINAL_STATES
+from gpulayer.contracts import TERMINAL_STATES, JobState
 from gpulayer.errors import InvalidTransition
 
-Statement = tuple[str, Sequence[Any]]
+from .store import JobRecord, Statement, TaskRecord
+from .store import writes as w
+
+_S = JobState
 
 #: Allowed moves of a job or task (terminal states allow none).
-ALLOWED: dict[str, frozenset[str]] = {
-    "queued": frozenset({"scheduled", "cancelled"}),
-    "scheduled": frozenset({"running", "queued", "cancelled", "lost"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost", "queued"}),
+ALLOWED: dict[JobState, frozenset[JobState]] = {
+    _S.queued: frozenset({_S.scheduled, _S.cancelled}),
+    _S.scheduled: frozenset({_S.running, _S.queued, _S.cancelled, _S.lost}),
+    _S.running: frozenset(
+        {_S.succeeded, _S.failed, _S.cancelled, _S.timed_out, _S.lost, _S.queued}
+    ),
 }
-TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
+#: States a job or task never leaves (the contracts' one definition).
+TERMINAL = TERMINAL_STATES
+#: Failures that give a job another attempt while its retries last.
+RETRIED = frozenset({_S.failed, _S.lost})
 
 
-def check(current: str, new: str, what: str) -> None:
+def check(current: JobState, new: JobState, what: str) -> None:
     """Raise :class:`InvalidTransition` unless ``current -> new`` is allowed."""
     if new not in ALLOWED.get(current, frozenset()):
         raise InvalidTransition(f"{what} cannot go from {current} to {new}")
 
 
-def event(
-    now: float, job_id: str, task_id: str | None, state: str, reason: str | None
-) -> list[Statement]:
-    """The ``events`` row of a change."""
-    return [
-        (
-            "INSERT INTO events (job_id, task_id, ts, state, reason) VALUES (?, ?, ?, ?, ?)",
-            (job_id, task_id, now, state, reason),
-        )
-    ]
+def note(now: float, job_id: str, task_id: str | None, what: str, reason: str) -> list[Statement]:
+    """An event that changes no state (``cancel_requested``, ``interrupt_requested``)."""
+    return [w.insert_event(job_id, task_id, now, what, reason)]
 
 
-def task_end(
-    now: float, task: sqlite3.Row, state: str, exit_code: int | None, reason: str | None
+def submitted(
+    now: float, job_id: str, spec_json: str, owner: str, priority: int
 ) -> list[Statement]:
-    """End ``task`` in ``state``."""
-    check(task["state"], state, f"task {task['id']}")
+    """A new job, ``queued``."""
     return [
-        (
-            "UPDATE tasks SET state = ?, exit_code = ?, reason = ?, ended_at = ? WHERE id = ?",
-            (state, exit_code, reason, now, task["id"]),
-        ),
-        *event(now, task["job_id"], task["id"], state, reason),
+        w.insert_job(job_id, spec_json, owner, priority, "waiting for placement", now),
+        w.insert_event(job_id, None, now, _S.queued, f"submitted by {owner}"),
     ]
 
 
 def job_to(
     now: float,
-    job: sqlite3.Row,
-    state: str,
+    job: JobRecord,
+    state: JobState,
     reason: str | None,
     *,
     started: bool = False,
-    ended: bool = False,
     exit_code: int | None = None,
 ) -> list[Statement]:
-    """Move ``job`` to ``state`` (nothing when it is there already)."""
-    if job["state"] == state:
+    """Move ``job`` to ``state`` (nothing when it is there already); a terminal
+    state records the end time and ``exit_code``."""
+    if job.state == state:
         return []
-    check(job["state"], state, f"job {job['id']}")
-    sets = ["state = ?", "reason = ?", "updated_at = ?"]
-    params: list[Any] = [state, reason, now]
-    if started:
-        sets.append("started_at = COALESCE(started_at, ?)")
-        params.append(now)
-    if ended:
-        sets += ["ended_at = ?", "exit_code = ?"]
-        params += [now, exit_code]
+    check(job.state, state, f"job {job.id}")
+    ended = state in TERMINAL
+    change = w.set_job_state(
+        job.id, state, reason, now, started=started, ended=ended, exit_code=exit_code
+    )
+    return [change, w.insert_event(job.id, None, now, state, reason)]
+
+
+def task_end(
+    now: float, task: TaskRecord, state: JobState, exit_code: int | None, reason: str | None
+) -> list[Statement]:
+    """End ``task`` in ``state``."""
+    check(task.state, state, f"task {task.id}")
     return [
-        (f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job["id"])),
-        *event(now, job["id"], None, state, reason),
+        w.set_task_ended(task.id, state, exit_code, reason, now),
+        w.insert_event(task.job_id, task.id, now, state, reason),
     ]
+
+
+def placed(
+    now: float,
+    job: JobRecord,
+    tasks: Sequence[tuple[str, str, Sequence[int], int | None, str | None]],
+    reason: str,
+) -> list[Statement]:
+    """Give ``job`` its next attempt: one ``scheduled`` task per
+    ``(task_id, worker_id, gpus, node_rank, gang_json)``, the first one's worker as
+    the job's."""
+    attempt = job.attempts + 1
+    stmts = [
+        w.insert_task(tid, job.id, attempt, wid, gpus, now, rank, gang)
+        for tid, wid, gpus, rank, gang in tasks
+    ]
+    stmts.append(w.set_job_attempt(job.id, attempt, tasks[0][1]))
+    return [*stmts, *job_to(now, job, _S.scheduled, reason)]
+
+
+def placed_on(
+    now: float, job: JobRecord, task_id: str, worker_id: str, worker_name: str, gpus: list[int]
+) -> list[Statement]:
+    """Give ``job`` one task on one worker (and these GPUs)."""
+    gpu_text = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+    why = f"placed on {worker_name}{gpu_text}"
+    return placed(now, job, [(task_id, worker_id, gpus, None, None)], why)
+
+
+def started(now: float, job: JobRecord, task: TaskRecord, lease_expires: float) -> list[Statement]:
+    """A worker picked ``task`` up: it and its job run."""
+    check(task.state, _S.running, f"task {task.id}")
+    return [
+        w.set_task_running(task.id, now, lease_expires),
+        w.insert_event(task.job_id, task.id, now, _S.running, "picked up by worker"),
+        *job_to(now, job, _S.running, "running", started=True),
+    ]
+
+
+def unplaced(now: float, job: JobRecord, task: TaskRecord, reason: str) -> list[Statement]:
+    """Take back a task nobody started: the job is queued again and the attempt
+    does not count."""
+    return [
+        *task_end(now, task, _S.lost, None, reason),
+        w.set_job_attempt(job.id, job.attempts - 1, job.worker_id),
+        *job_to(now, job, _S.queued, f"back in the queue: {reason}"),
+    ]
+
+
+def cancel_requested(now: float, task: TaskRecord, reason: str) -> list[Statement]:
+    """Flag a running task for its worker to cancel."""
+    return [
+        w.set_cancel_requested(task.id),
+        *note(now, task.job_id, task.id, "cancel_requested", reason),
+    ]
+
+
+def retry_or_end(
+    now: float,
+    job: JobRecord,
+    retries: int,
+    state: JobState,
+    exit_code: int | None,
+    reason: str,
+    *,
+    retry: bool = True,
+) -> list[Statement]:
+    """Move a job whose attempt ended in ``state``: back to the queue while a failed
+    or lost attempt has retries left (and ``retry``), else to ``state``."""
+    if retry and state in RETRIED and job.attempts <= retries:
+        left = retries - job.attempts + 1
+        why = (
+            f"attempt {job.attempts} {state} ({reason}); retrying,"
+            f" {left} attempt{'s' if left != 1 else ''} left"
+        )
+        return job_to(now, job, _S.queued, why)
+    return job_to(now, job, state, reason, exit_code=exit_code)

@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 
-from jupyter_ext import (
-    app,
-    handlers,
-    metrics_handlers,
-    token_handlers,
-    training_handlers,
-    worker_handlers,
-)
+from jupyter_ext import app
+from jupyter_ext.api import base, health, jobs, prometheus, sessions, tokens, training
+from jupyter_ext.api import worker_facing as W
+from jupyter_ext.api import workers as WK
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 UNUSABLE = ("none", "expired", "revoked", "unknown", "malformed")
@@ -175,69 +171,69 @@ async def _name(ctx: Ctx) -> dict[str, Any]:
 
 
 JOB = lambda c, f: ("jobs", c.job_id)  # noqa: E731
-H, W, T, M = handlers, worker_handlers, token_handlers, training_handlers
+T, M = tokens, training
 
 #: handler class -> verb -> Case. Add new routes here.
 MATRIX: dict[type, dict[str, Case]] = {
-    H.HealthHandler: {
+    health.HealthHandler: {
         "get": Case(lambda c, f: ("health",), _all(200),
                     unusable={"none": 200, "malformed": 200}),
     },
-    H.JobsHandler: {
+    jobs.JobsHandler: {
         "get": Case(lambda c, f: ("jobs",), _read()),
         "post": Case(lambda c, f: ("jobs",), {"admin": 201, "submitter": 201},
                      body=lambda c, f: UNPLACEABLE),
     },
-    H.JobBatchHandler: {
+    jobs.JobBatchHandler: {
         "post": Case(lambda c, f: ("jobs", "batch"), {"admin": 201, "submitter": 201},
                      body=lambda c, f: {"jobs": [UNPLACEABLE, UNPLACEABLE]}),
     },
-    H.JobsWaitHandler: {
+    jobs.JobsWaitHandler: {
         "post": Case(lambda c, f: ("jobs", "wait"), _read(204),
                      body=lambda c, f: {"ids": [c.job_id], "timeout": 0}),
     },
-    H.JobResultHandler: {
+    jobs.JobResultHandler: {
         "get": Case(lambda c, f: ("jobs", f["job_id"], "result"), _read(), fresh=_job_with_result),
     },
-    H.JobHandler: {"get": Case(JOB, _read())},
-    H.JobWaitHandler: {
+    jobs.JobHandler: {"get": Case(JOB, _read())},
+    jobs.JobWaitHandler: {
         "get": Case(lambda c, f: (*JOB(c, f), "wait"), _read(204), params={"timeout": "0"}),
     },
-    H.JobCancelHandler: {
+    jobs.JobCancelHandler: {
         "post": Case(lambda c, f: ("jobs", f["job_id"], "cancel"),
                      {"admin": 200, "submitter": 200}, fresh=_queued_job),
     },
-    H.JobInterruptHandler: {
+    jobs.JobInterruptHandler: {
         "post": Case(lambda c, f: ("jobs", f["job_id"], "interrupt"),
                      {"admin": 200, "submitter": 200}, fresh=_queued_cell),
     },
-    H.SessionsHandler: {
+    sessions.SessionsHandler: {
         "get": Case(lambda c, f: ("sessions",), _read()),
         "post": Case(lambda c, f: ("sessions",), {"admin": 201, "submitter": 201},
                      body=lambda c, f: {"name": f["name"], "resources": {"gpus": 8}}, fresh=_name),
     },
-    H.SessionHandler: {
+    sessions.SessionHandler: {
         "get": Case(lambda c, f: ("sessions", c.session), _read()),
         "delete": Case(lambda c, f: ("sessions", f["session"]), {"admin": 204, "submitter": 204},
                        fresh=_session),
     },
-    H.JobEventsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "events"), _read())},
-    H.JobLogsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "logs"), _read())},
-    H.JobArtifactsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "artifacts"), _read())},
-    H.JobArtifactHandler: {
+    jobs.JobEventsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "events"), _read())},
+    jobs.JobLogsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "logs"), _read())},
+    jobs.JobArtifactsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "artifacts"), _read())},
+    jobs.JobArtifactHandler: {
         "get": Case(lambda c, f: (*JOB(c, f), "artifacts", "out.txt"), _read()),
     },
-    H.BlobsHandler: {
+    jobs.BlobsHandler: {
         "post": Case(lambda c, f: ("blobs",), {"admin": 201, "submitter": 201},
                      body=lambda c, f: b"blob bytes"),
     },
-    H.WorkersHandler: {"get": Case(lambda c, f: ("workers",), _read())},
-    H.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
-    H.WorkerDrainHandler: {
+    WK.WorkersHandler: {"get": Case(lambda c, f: ("workers",), _read())},
+    jobs.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
+    WK.WorkerDrainHandler: {
         "post": Case(lambda c, f: ("workers", f["worker"], "drain"), {"admin": 200},
                      fresh=_worker),
     },
-    H.WorkerTelemetryHandler: {
+    WK.WorkerTelemetryHandler: {
         "get": Case(lambda c, f: ("workers", "mw", "telemetry"), _read()),
     },
     W.RegisterHandler: {
@@ -279,12 +275,12 @@ MATRIX: dict[type, dict[str, Case]] = {
     W.BlobHandler: {
         "get": Case(lambda c, f: ("blobs", c.bundle), {"admin": 200, "worker": 200}),
     },
-    H.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
-    H.WorkerDrainHandler: {
+    jobs.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
+    WK.WorkerDrainHandler: {
         # `resume` on the matrix's own worker: it must keep taking the matrix's tasks.
         "post": Case(lambda c, f: ("workers", "mw", "resume"), {"admin": 200}),
     },
-    H.WorkerTelemetryHandler: {
+    WK.WorkerTelemetryHandler: {
         "get": Case(lambda c, f: ("workers", "mw", "telemetry"), _read()),
     },
     T.TokensHandler: {
@@ -295,7 +291,7 @@ MATRIX: dict[type, dict[str, Case]] = {
     T.TokenHandler: {
         "delete": Case(lambda c, f: ("tokens", f["name"]), {"admin": 204}, fresh=_token),
     },
-    metrics_handlers.MetricsHandler: {
+    prometheus.MetricsHandler: {
         "get": Case(lambda c, f: ("metrics",), {"admin": 200, "viewer": 200},
                     prefix=("gpulayer",)),
     },
@@ -308,7 +304,7 @@ def _mounted() -> list[tuple[str, type]]:
 
 
 def _verbs(handler: type) -> list[str]:
-    return [v for v in VERBS if getattr(handler, v) is not getattr(handlers.APIHandler, v)]
+    return [v for v in VERBS if getattr(handler, v) is not getattr(base.APIHandler, v)]
 
 
 def test_every_mounted_route_has_a_matrix_entry():
@@ -321,7 +317,7 @@ def test_every_mounted_route_has_a_matrix_entry():
         )
         for verb in _verbs(handler):
             roles = getattr(getattr(handler, verb), "__gpulayer_roles__", None)
-            if handler is not handlers.HealthHandler:
+            if handler is not health.HealthHandler:
                 assert roles is not None, f"{handler.__name__}.{verb} has no @requires"
                 expected = {r for r, s in entry[verb].ok.items() if s != 403}
                 assert roles == expected, (handler.__name__, verb, roles, expected)

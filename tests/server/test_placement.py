@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpulayer.contracts import Device, Resources
+from gpulayer.contracts import Device, Resources, WorkerState
 from jupyter_ext.placement import Usage, WorkerView, describe_gpus, fit, static_misfit
 
 GIB = 1024**3
@@ -23,7 +23,7 @@ def worker(name="box", state="ready", devices=(), cpus=8, memory=64, slots=4, la
     return WorkerView(
         id=name,
         name=name,
-        state=state,
+        state=WorkerState(state),
         cpus=cpus,
         memory_bytes=memory * GIB,
         slots=slots,

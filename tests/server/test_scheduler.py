@@ -17,7 +17,7 @@ from gpulayer.contracts import (
 from gpulayer.errors import InvalidTransition, NotFound
 from jupyter_ext.artifacts import BlobStore
 from jupyter_ext.auth import Principal, TokenService
-from jupyter_ext.scheduler import Scheduler
+from jupyter_ext.control_plane import ControlPlane
 from jupyter_ext.store import SCHEMA_VERSION, Store
 from jupyter_ext.streams import Notifier
 
@@ -38,7 +38,7 @@ def world(tmp_path):
         store = await Store(tmp_path / "gl.db").open()
         try:
             yield (
-                Scheduler(
+                ControlPlane(
                     store,
                     BlobStore(tmp_path / "blobs"),
                     Notifier(),
@@ -91,22 +91,22 @@ def run(coro):
 def test_two_one_gpu_jobs_share_a_two_gpu_worker_on_different_gpus(world):
     async def body():
         async with world() as (sched, _):
-            r = await sched.register(reg("box", gpus=2))
-            a = await sched.submit(spec(resources={"gpus": 1}), "u")
-            b = await sched.submit(spec(resources={"gpus": 1}), "u")
-            c = await sched.submit(spec(resources={"gpus": 1}), "u")
-            got = await sched.acquire(r.worker_id, 0)
+            r = await sched.workers.register(reg("box", gpus=2))
+            a = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            b = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            c = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            got = await sched.workers.acquire(r.worker_id, 0)
             assert sorted(x.gpu_indices[0] for x in got.assignments) == [0, 1]
             assert {x.job_id for x in got.assignments} == {a.id, b.id}
-            waiting = await sched.get_job(c.id)
+            waiting = await sched.jobs.get(c.id)
             assert waiting.state == "queued"
             assert waiting.pending_reasons == ["box: all 2 task slots busy"]
-            await sched.complete(
+            await sched.tasks.complete(
                 as_worker(r),
                 got.assignments[0].task_id,
                 TaskCompletion(state="succeeded", exit_code=0),
             )
-            assert (await sched.get_job(c.id)).state == "scheduled"
+            assert (await sched.jobs.get(c.id)).state == "scheduled"
 
     run(body())
 
@@ -114,14 +114,14 @@ def test_two_one_gpu_jobs_share_a_two_gpu_worker_on_different_gpus(world):
 def test_a_job_too_big_for_every_worker_says_so_per_worker(world):
     async def body():
         async with world() as (sched, _):
-            await sched.register(reg("small", gpus=1))
-            await sched.register(reg("cpu"))
-            job = await sched.submit(spec(resources={"gpus": 2, "memory": "64GiB"}), "u")
+            await sched.workers.register(reg("small", gpus=1))
+            await sched.workers.register(reg("cpu"))
+            job = await sched.jobs.submit(spec(resources={"gpus": 2, "memory": "64GiB"}), "u")
             assert job.pending_reasons == [
                 "cpu: needs 64.0 GiB memory, has 16.0 GiB",
                 "small: needs 64.0 GiB memory, has 16.0 GiB",
             ]
-            job = await sched.submit(spec(resources={"gpus": 2}), "u")
+            job = await sched.jobs.submit(spec(resources={"gpus": 2}), "u")
             assert job.pending_reasons == [
                 "cpu: needs 2 × GPU, has no GPUs",
                 "small: needs 2 × GPU, has 1",
@@ -133,19 +133,19 @@ def test_a_job_too_big_for_every_worker_says_so_per_worker(world):
 def test_priority_goes_first_and_small_jobs_backfill(world):
     async def body():
         async with world() as (sched, _):
-            big = await sched.submit(spec(resources={"gpus": 4}), "u")
-            low = await sched.submit(spec(priority=-1), "u")
-            high = await sched.submit(spec(priority=5), "u")
-            r = await sched.register(reg("box", slots=1))
-            got = await sched.acquire(r.worker_id, 0)
+            big = await sched.jobs.submit(spec(resources={"gpus": 4}), "u")
+            low = await sched.jobs.submit(spec(priority=-1), "u")
+            high = await sched.jobs.submit(spec(priority=5), "u")
+            r = await sched.workers.register(reg("box", slots=1))
+            got = await sched.workers.acquire(r.worker_id, 0)
             assert [x.job_id for x in got.assignments] == [high.id]
-            assert (await sched.get_job(big.id)).state == "queued"
-            await sched.complete(
+            assert (await sched.jobs.get(big.id)).state == "queued"
+            await sched.tasks.complete(
                 as_worker(r),
                 got.assignments[0].task_id,
                 TaskCompletion(state="succeeded", exit_code=0),
             )
-            got = await sched.acquire(r.worker_id, 0)
+            got = await sched.workers.acquire(r.worker_id, 0)
             assert [x.job_id for x in got.assignments] == [low.id]
 
     run(body())
@@ -154,28 +154,30 @@ def test_priority_goes_first_and_small_jobs_backfill(world):
 def test_a_silent_worker_goes_unhealthy_then_offline_and_its_task_is_retried(world):
     async def body():
         async with world() as (sched, clock):
-            r1 = await sched.register(reg("one", slots=1))
-            job = await sched.submit(spec(retries=1), "u")
-            first = (await sched.acquire(r1.worker_id, 0)).assignments[0]
+            r1 = await sched.workers.register(reg("one", slots=1))
+            job = await sched.jobs.submit(spec(retries=1), "u")
+            first = (await sched.workers.acquire(r1.worker_id, 0)).assignments[0]
             clock.now += 4
-            await sched.sweep()
-            assert {w.name: w.state for w in await sched.workers()} == {"one": "unhealthy"}
+            await sched.leases.sweep()
+            assert {w.name: w.state for w in await sched.workers.all()} == {"one": "unhealthy"}
             clock.now += 7  # past the 10 s lease
-            await sched.sweep()
-            assert {w.name: w.state for w in await sched.workers()} == {"one": "offline"}
-            j = await sched.get_job(job.id)
+            await sched.leases.sweep()
+            assert {w.name: w.state for w in await sched.workers.all()} == {"one": "offline"}
+            j = await sched.jobs.get(job.id)
             assert j.state == "queued" and "lost" in j.reason and "retrying" in j.reason
-            r2 = await sched.register(reg("two", slots=1))
-            second = (await sched.acquire(r2.worker_id, 0)).assignments[0]
+            r2 = await sched.workers.register(reg("two", slots=1))
+            second = (await sched.workers.acquire(r2.worker_id, 0)).assignments[0]
             assert second.job_id == job.id and second.attempt == 2
             # The first worker comes back still running the old attempt: told to kill it.
-            hb = await sched.heartbeat(r1.worker_id, Heartbeat(running_tasks=[first.task_id]))
+            hb = await sched.workers.heartbeat(
+                r1.worker_id, Heartbeat(running_tasks=[first.task_id])
+            )
             assert hb.kill_tasks == [first.task_id]
             # Its late completion does not change the job.
-            await sched.complete(
+            await sched.tasks.complete(
                 as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
             )
-            assert (await sched.get_job(job.id)).state == "running"
+            assert (await sched.jobs.get(job.id)).state == "running"
 
     run(body())
 
@@ -183,12 +185,12 @@ def test_a_silent_worker_goes_unhealthy_then_offline_and_its_task_is_retried(wor
 def test_lost_without_retries_ends_lost(world):
     async def body():
         async with world() as (sched, clock):
-            r = await sched.register(reg("one"))
-            job = await sched.submit(spec(), "u")
-            await sched.acquire(r.worker_id, 0)
+            r = await sched.workers.register(reg("one"))
+            job = await sched.jobs.submit(spec(), "u")
+            await sched.workers.acquire(r.worker_id, 0)
             clock.now += 11
-            await sched.sweep()
-            j = await sched.get_job(job.id)
+            await sched.leases.sweep()
+            j = await sched.jobs.get(job.id)
             assert j.state == "lost" and j.reason == "worker stopped renewing the lease"
 
     run(body())
@@ -197,14 +199,14 @@ def test_lost_without_retries_ends_lost(world):
 def test_heartbeats_keep_a_long_task_alive(world):
     async def body():
         async with world() as (sched, clock):
-            r = await sched.register(reg("one"))
-            job = await sched.submit(spec(), "u")
-            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
+            r = await sched.workers.register(reg("one"))
+            job = await sched.jobs.submit(spec(), "u")
+            t = (await sched.workers.acquire(r.worker_id, 0)).assignments[0]
             for _ in range(5):
                 clock.now += 5
-                await sched.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
-                await sched.sweep()
-            assert (await sched.get_job(job.id)).state == "running"
+                await sched.workers.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
+                await sched.leases.sweep()
+            assert (await sched.jobs.get(job.id)).state == "running"
 
     run(body())
 
@@ -212,13 +214,13 @@ def test_heartbeats_keep_a_long_task_alive(world):
 def test_a_restarted_worker_that_lost_its_task_reports_it_lost_at_once(world):
     async def body():
         async with world() as (sched, clock):
-            r = await sched.register(reg("one"))
-            job = await sched.submit(spec(), "u")
-            await sched.acquire(r.worker_id, 0)
+            r = await sched.workers.register(reg("one"))
+            job = await sched.jobs.submit(spec(), "u")
+            await sched.workers.acquire(r.worker_id, 0)
             clock.now += 1
-            again = await sched.register(reg("one"))
+            again = await sched.workers.register(reg("one"))
             assert again.worker_id == r.worker_id and again.kill_tasks == []
-            assert (await sched.get_job(job.id)).state == "lost"
+            assert (await sched.jobs.get(job.id)).state == "lost"
 
     run(body())
 
@@ -226,12 +228,12 @@ def test_a_restarted_worker_that_lost_its_task_reports_it_lost_at_once(world):
 def test_state_machine_refuses_bad_transitions(world):
     async def body():
         async with world() as (sched, _):
-            job = await sched.submit(spec(), "u")
-            await sched.cancel(job.id, "u")
+            job = await sched.jobs.submit(spec(), "u")
+            await sched.jobs.cancel(job.id, "u")
             with pytest.raises(InvalidTransition, match="already cancelled"):
-                await sched.cancel(job.id, "u")
+                await sched.jobs.cancel(job.id, "u")
             with pytest.raises(NotFound):
-                await sched.get_job("missing")
+                await sched.jobs.get("missing")
 
     run(body())
 
@@ -251,12 +253,12 @@ def test_store_migrates_an_empty_file_and_refuses_a_newer_one(tmp_path):
 def test_reopening_keeps_jobs(tmp_path):
     async def body():
         store = await Store(tmp_path / "a.db").open()
-        sched = Scheduler(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
-        job = await sched.submit(spec(name="keep"), "u")
+        sched = ControlPlane(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
+        job = await sched.jobs.submit(spec(name="keep"), "u")
         await store.close()
         store = await Store(tmp_path / "a.db").open()
-        sched = Scheduler(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
-        assert (await sched.get_job(job.id)).spec.name == "keep"
+        sched = ControlPlane(store, BlobStore(tmp_path / "b"), Notifier(), TokenService(store))
+        assert (await sched.jobs.get(job.id)).spec.name == "keep"
         await store.close()
 
     run(body())
@@ -265,22 +267,23 @@ def test_reopening_keeps_jobs(tmp_path):
 def test_concurrent_writers_share_the_one_connection_safely(world):
     async def body():
         async with world() as (sched, _):
-            r = await sched.register(reg("box", slots=50))
-            jobs = await asyncio.gather(*(sched.submit(spec(), "u") for _ in range(30)))
-            got = await sched.acquire(r.worker_id, 0)
+            r = await sched.workers.register(reg("box", slots=50))
+            jobs = await asyncio.gather(*(sched.jobs.submit(spec(), "u") for _ in range(30)))
+            got = await sched.workers.acquire(r.worker_id, 0)
             tasks = [a.task_id for a in got.assignments]
             batches = [
-                sched.append_logs(
+                sched.tasks.append_logs(
                     as_worker(r), t, LogBatch(seq=0, lines=[entry(f"{t} {i}") for i in range(5)])
                 )
                 for t in tasks
             ]
             beats = [
-                sched.heartbeat(r.worker_id, Heartbeat(running_tasks=tasks)) for _ in range(10)
+                sched.workers.heartbeat(r.worker_id, Heartbeat(running_tasks=tasks))
+                for _ in range(10)
             ]
             await asyncio.gather(*batches, *beats)
             for job in jobs:
-                page = await sched.logs(job.id, 0, 100, 0)
+                page = await sched.jobs.logs(job.id, 0, 100, 0)
                 assert len(page.lines) == 5
                 assert [ln.offset for ln in page.lines] == list(range(5))
 
@@ -290,25 +293,25 @@ def test_concurrent_writers_share_the_one_connection_safely(world):
 def test_a_job_that_waited_too_long_stops_backfill_on_workers_that_could_run_it(world):
     async def body():
         async with world(aging_seconds=60) as (sched, clock):
-            r = await sched.register(reg("box", gpus=2, slots=4))
-            hold = await sched.submit(spec(resources={"gpus": 1}), "u")
-            big = await sched.submit(spec(resources={"gpus": 2}), "u")
-            small = await sched.submit(spec(resources={"gpus": 1}), "u")
+            r = await sched.workers.register(reg("box", gpus=2, slots=4))
+            hold = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            big = await sched.jobs.submit(spec(resources={"gpus": 2}), "u")
+            small = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
             # Young: the small job backfills past the big one onto the free GPU.
-            assert (await sched.get_job(small.id)).state == "scheduled"
-            got = await sched.acquire(r.worker_id, 0)
+            assert (await sched.jobs.get(small.id)).state == "scheduled"
+            got = await sched.workers.acquire(r.worker_id, 0)
             by_job = {a.job_id: a.task_id for a in got.assignments}
-            await sched.complete(
+            await sched.tasks.complete(
                 as_worker(r), by_job[small.id], TaskCompletion(state="succeeded", exit_code=0)
             )
             clock.now += 61  # now the big job has waited past aging_seconds
-            late = await sched.submit(spec(resources={"gpus": 1}), "u")
-            assert (await sched.get_job(late.id)).state == "queued"
-            await sched.complete(
+            late = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            assert (await sched.jobs.get(late.id)).state == "queued"
+            await sched.tasks.complete(
                 as_worker(r), by_job[hold.id], TaskCompletion(state="succeeded", exit_code=0)
             )
-            assert (await sched.get_job(big.id)).state == "scheduled"
-            assert (await sched.get_job(late.id)).state == "queued"
+            assert (await sched.jobs.get(big.id)).state == "scheduled"
+            assert (await sched.jobs.get(late.id)).state == "queued"
 
     run(body())
 
@@ -316,25 +319,25 @@ def test_a_job_that_waited_too_long_stops_backfill_on_workers_that_could_run_it(
 def test_a_drained_worker_finishes_but_takes_nothing_new_even_after_going_silent(world):
     async def body():
         async with world() as (sched, clock):
-            r = await sched.register(reg("box", slots=2))
-            first = await sched.submit(spec(), "u")
-            w = await sched.drain("box")
+            r = await sched.workers.register(reg("box", slots=2))
+            first = await sched.jobs.submit(spec(), "u")
+            w = await sched.workers.drain("box")
             assert w.state == "draining" and w.running_tasks
-            second = await sched.submit(spec(), "u")
-            assert (await sched.get_job(second.id)).pending_reasons == [
+            second = await sched.jobs.submit(spec(), "u")
+            assert (await sched.jobs.get(second.id)).pending_reasons == [
                 "box: draining: takes no new tasks"
             ]
             clock.now += 5
-            await sched.sweep()
-            assert [w.state for w in await sched.workers()] == ["unhealthy"]
-            await sched.heartbeat(r.worker_id, Heartbeat())
-            assert [w.state for w in await sched.workers()] == ["draining"]
-            again = await sched.register(reg("box", slots=2))
+            await sched.leases.sweep()
+            assert [w.state for w in await sched.workers.all()] == ["unhealthy"]
+            await sched.workers.heartbeat(r.worker_id, Heartbeat())
+            assert [w.state for w in await sched.workers.all()] == ["draining"]
+            again = await sched.workers.register(reg("box", slots=2))
             assert again.worker_id == r.worker_id
-            assert [w.state for w in await sched.workers()] == ["draining"]
-            await sched.drain("box", draining=False)
-            assert (await sched.get_job(second.id)).state == "scheduled"
-            assert (await sched.get_job(first.id)).state in ("scheduled", "lost")
+            assert [w.state for w in await sched.workers.all()] == ["draining"]
+            await sched.workers.drain("box", draining=False)
+            assert (await sched.jobs.get(second.id)).state == "scheduled"
+            assert (await sched.jobs.get(first.id)).state in ("scheduled", "lost")
 
     run(body())
 
@@ -342,15 +345,20 @@ def test_a_drained_worker_finishes_but_takes_nothing_new_even_after_going_silent
 def test_tasks_placed_on_a_worker_that_died_before_starting_them_go_back_to_the_queue(world):
     async def body():
         async with world() as (sched, clock):
-            await sched.register(reg("dead"))
-            job = await sched.submit(spec(), "u")
-            assert (await sched.get_job(job.id)).state == "scheduled"
+            await sched.workers.register(reg("dead"))
+            job = await sched.jobs.submit(spec(), "u")
+            assert (await sched.jobs.get(job.id)).state == "scheduled"
             clock.now += 11
-            await sched.sweep()
-            j = await sched.get_job(job.id)
+            await sched.leases.sweep()
+            j = await sched.jobs.get(job.id)
             assert j.state == "queued" and "went offline before starting it" in j.reason
-            r2 = await sched.register(reg("alive"))
-            got = await sched.acquire(r2.worker_id, 0)
+            # Taking the task back is a checked transition with its events.
+            events = [(e.state, e.task_id is not None) for e in await sched.jobs.events(job.id)]
+            assert events == [
+                ("queued", False), ("scheduled", False), ("lost", True), ("queued", False)
+            ]  # fmt: skip
+            r2 = await sched.workers.register(reg("alive"))
+            got = await sched.workers.acquire(r2.worker_id, 0)
             assert [(a.job_id, a.attempt) for a in got.assignments] == [(job.id, 1)]
 
     run(body())
@@ -359,20 +367,20 @@ def test_tasks_placed_on_a_worker_that_died_before_starting_them_go_back_to_the_
 def test_a_cancelled_job_keeps_the_users_reason_and_the_cancel_is_sent_again(world):
     async def body():
         async with world() as (sched, _):
-            r = await sched.register(reg("box"))
-            job = await sched.submit(spec(), "u")
-            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
-            await sched.cancel(job.id, "ada")
-            assert (await sched.acquire(r.worker_id, 0)).cancel == [t.task_id]
+            r = await sched.workers.register(reg("box"))
+            job = await sched.jobs.submit(spec(), "u")
+            t = (await sched.workers.acquire(r.worker_id, 0)).assignments[0]
+            await sched.jobs.cancel(job.id, "ada")
+            assert (await sched.workers.acquire(r.worker_id, 0)).cancel == [t.task_id]
             # The acquire answer may be lost; the heartbeat repeats the cancel.
-            hb = await sched.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
+            hb = await sched.workers.heartbeat(r.worker_id, Heartbeat(running_tasks=[t.task_id]))
             assert hb.cancel == [t.task_id] and hb.kill_tasks == []
-            await sched.complete(
+            await sched.tasks.complete(
                 as_worker(r),
                 t.task_id,
                 TaskCompletion(state="cancelled", reason="cancelled by user"),
             )
-            j = await sched.get_job(job.id)
+            j = await sched.jobs.get(job.id)
             assert (j.state, j.reason) == ("cancelled", "cancelled by ada")
 
     run(body())
@@ -383,10 +391,10 @@ def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_wo
 
     async def body():
         async with world(telemetry_samples=3) as (sched, clock):
-            r = await sched.register(reg("box", gpus=1))
+            r = await sched.workers.register(reg("box", gpus=1))
             for i in range(5):
                 clock.now += 1
-                await sched.heartbeat(
+                await sched.workers.heartbeat(
                     r.worker_id,
                     Heartbeat(
                         cpu_percent=float(i),
@@ -394,9 +402,9 @@ def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_wo
                         tasks=[TaskSample(task_id="t", cpu_percent=1.0, rss_bytes=100)],
                     ),
                 )
-            tel = await sched.telemetry("box")
+            tel = await sched.workers.telemetry("box")
             assert [s.cpu_percent for s in tel.samples] == [2.0, 3.0, 4.0]
-            [w] = await sched.workers()
+            [w] = await sched.workers.all()
             assert w.gpus[0].utilization_percent == 40.0 and w.tasks[0].rss_bytes == 100
 
     run(body())
@@ -405,16 +413,16 @@ def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_wo
 def test_an_aged_job_reserves_its_workers_even_behind_a_failed_job_of_its_shape(world):
     async def body():
         async with world(aging_seconds=60) as (sched, clock):
-            r = await sched.register(reg("box", gpus=2, slots=4))
-            hold = await sched.submit(spec(resources={"gpus": 1}), "u")
-            old_big = await sched.submit(spec(resources={"gpus": 2}), "u")
+            r = await sched.workers.register(reg("box", gpus=2, slots=4))
+            hold = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            old_big = await sched.jobs.submit(spec(resources={"gpus": 2}), "u")
             clock.now += 61
             # A younger, higher-priority job of the same shape fails first in the pass.
-            await sched.submit(spec(resources={"gpus": 2}, priority=5), "u")
-            small = await sched.submit(spec(resources={"gpus": 1}), "u")
-            assert (await sched.get_job(small.id)).state == "queued"
-            assert (await sched.get_job(old_big.id)).state == "queued"
-            got = await sched.acquire(r.worker_id, 0)
+            await sched.jobs.submit(spec(resources={"gpus": 2}, priority=5), "u")
+            small = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            assert (await sched.jobs.get(small.id)).state == "queued"
+            assert (await sched.jobs.get(old_big.id)).state == "queued"
+            got = await sched.workers.acquire(r.worker_id, 0)
             assert [a.job_id for a in got.assignments] == [hold.id]
 
     run(body())
@@ -423,15 +431,15 @@ def test_an_aged_job_reserves_its_workers_even_behind_a_failed_job_of_its_shape(
 def test_a_task_given_up_by_a_stopping_worker_is_not_placed_there_again(world):
     async def body():
         async with world() as (sched, _):
-            r = await sched.register(reg("leaving"))
-            job = await sched.submit(spec(retries=1), "u")
-            t = (await sched.acquire(r.worker_id, 0)).assignments[0]
-            await sched.complete(
+            r = await sched.workers.register(reg("leaving"))
+            job = await sched.jobs.submit(spec(retries=1), "u")
+            t = (await sched.workers.acquire(r.worker_id, 0)).assignments[0]
+            await sched.tasks.complete(
                 as_worker(r), t.task_id, TaskCompletion(state="lost", reason="worker shutting down")
             )
-            j = await sched.get_job(job.id)
+            j = await sched.jobs.get(job.id)
             assert j.state == "queued" and j.pending_reasons == ["leaving: offline"]
-            other = await sched.register(reg("other"))
-            assert (await sched.acquire(other.worker_id, 0)).assignments[0].job_id == job.id
+            other = await sched.workers.register(reg("other"))
+            assert (await sched.workers.acquire(other.worker_id, 0)).assignments[0].job_id == job.id
 
     run(body())

@@ -37,7 +37,7 @@ async def mint(gl_api, name, role, **kw):
 
 
 def services(jp_serverapp):
-    return jp_serverapp.web_app.settings["gpulayer"]
+    return jp_serverapp.web_app.settings["gpulayer"].running.plane
 
 
 async def test_tokens_are_minted_once_listed_without_secrets_and_revoked(gl_api):

@@ -1,0 +1,87 @@
+"""Who may see which job, task and blob: decided here, applied inside the services.
+
+Roles decide which *routes* a principal may call (``auth.requires``); this module
+decides which *things* it may touch there:
+
+- a ``submitter`` sees only its own jobs and sessions (owner = its token's name);
+  another owner's look as if they did not exist (404), so ids do not leak;
+- a ``worker`` acts only for its own worker id, on tasks placed on it, and reads
+  only the bundles, payloads and pushed variables of its own active tasks;
+- everyone else who may call a route (``admin``, ``viewer``, the Jupyter user)
+  sees everything there.
+
+A ``viewer`` argument of ``None`` is the control plane itself (the sweep, tests).
+"""
+
+from collections.abc import Iterable
+
+from gpulayer.errors import Forbidden, NotFound
+
+from .auth import Principal
+from .store import JobRecord, Store, TaskRecord
+
+
+def owner_scope(viewer: Principal | None) -> str | None:
+    """The only owner whose jobs ``viewer`` may see (None: every owner's)."""
+    return viewer.name if viewer is not None and viewer.role == "submitter" else None
+
+
+def may_see(viewer: Principal | None, job: JobRecord) -> bool:
+    """Whether ``viewer`` may see ``job`` (and its tasks, logs, artifacts, result)."""
+    owner = owner_scope(viewer)
+    return owner is None or job.owner == owner
+
+
+def visible_job(viewer: Principal | None, job: JobRecord | None, job_id: str) -> JobRecord:
+    """``job`` when ``viewer`` may see it.
+
+    Raises
+    ------
+    NotFound
+        When it does not exist, or is another owner's.
+    """
+    if job is None or not may_see(viewer, job):
+        raise NotFound(f"no job with id {job_id!r}")
+    return job
+
+
+def visible_jobs(
+    viewer: Principal | None, jobs: Iterable[JobRecord], job_ids: Iterable[str]
+) -> None:
+    """Refuse ``job_ids`` unless every one exists and ``viewer`` may see it.
+
+    Raises
+    ------
+    NotFound
+        Naming the first id that is missing (field ``ids``).
+    """
+    seen = {j.id for j in jobs if may_see(viewer, j)}
+    if missing := [i for i in job_ids if i not in seen]:
+        raise NotFound(f"no job with id {missing[0]!r}", field="ids")
+
+
+def listed_owner(viewer: Principal | None, asked: str | None) -> str | None:
+    """The owner filter of a job listing: a submitter's own, whatever it asked for."""
+    return owner_scope(viewer) or asked
+
+
+def own_worker(viewer: Principal | None, worker_id: str) -> None:
+    """Refuse a worker token acting for another worker (403)."""
+    if viewer is not None and viewer.role == "worker" and viewer.worker_id != worker_id:
+        raise Forbidden("a worker token may only act for its own worker")
+
+
+def own_task(viewer: Principal | None, task: TaskRecord) -> TaskRecord:
+    """``task`` when ``viewer`` may report on it: a worker only on its own tasks (403)."""
+    if viewer is not None and viewer.role == "worker" and task.worker_id != viewer.worker_id:
+        raise Forbidden(f"task {task.id} does not run on this worker")
+    return task
+
+
+async def may_read_blob(store: Store, viewer: Principal | None, sha256: str) -> None:
+    """Refuse a worker a blob that no active task of its own needs (403)."""
+    if viewer is None or viewer.role != "worker":
+        return
+    wid = viewer.worker_id or ""
+    if not (await store.worker_has_bundle(wid, sha256) or await store.worker_has_push(wid, sha256)):
+        raise Forbidden("a worker token may only read the bundles of its own tasks")

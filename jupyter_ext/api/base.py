@@ -1,0 +1,282 @@
+"""The base of every gpulayer route, and the state the app publishes to handlers.
+
+Handlers only translate: parse the request into a contract model, call a service
+of the :class:`~jupyter_ext.control_plane.ControlPlane` with the request's
+principal, write the answer model. The base class owns authentication (bearer
+token or Jupyter identity, see ``auth.py``), body limits, parsing, the error map
+(``errors.py``), and the cancellation of long polls when the client goes away.
+"""
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pydantic
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from prometheus_client import CollectorRegistry
+from tornado import web
+
+from gpulayer.errors import AuthError, GpulayerError, PayloadTooLarge, RateLimited, ValidationError
+
+from ..auth import Principal, bearer_token
+from ..control_plane import ControlPlane
+from ..prometheus import StateCollector
+from .errors import error_body, status_of, validation_error
+
+AUTH_RESOURCE = "gpulayer"
+STARTUP_WAIT_SECONDS = 30.0
+M = TypeVar("M", bound=pydantic.BaseModel)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The ``GpulayerApp`` settings handlers read (a snapshot at start-up)."""
+
+    long_poll_seconds: float = 30.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_blob_bytes: int = 512 * 1024 * 1024
+    max_log_batch_lines: int = 5000
+    jupyter_user_role: str = "admin"
+
+
+@dataclass(frozen=True)
+class Running:
+    """What a started control plane offers handlers."""
+
+    plane: ControlPlane
+    registry: CollectorRegistry
+    gauges: StateCollector
+
+
+@dataclass
+class AppState:
+    """What handlers reach through ``self.settings["gpulayer"]``."""
+
+    limits: Limits
+    running: Running | None = None
+    #: Set once the start hook has opened the store; requests that arrive earlier wait.
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
+    """Base of every gpulayer route."""
+
+    auth_resource = AUTH_RESOURCE
+    principal: Principal | None = None
+    _wait_task: asyncio.Task[Any] | None = None
+
+    @property
+    def state(self) -> AppState:
+        """The app's published state."""
+        state = self.settings["gpulayer"]
+        assert isinstance(state, AppState)
+        return state
+
+    @property
+    def running(self) -> Running:
+        """The started control plane (503 while there is none)."""
+        running = self.state.running
+        if running is None:
+            raise web.HTTPError(503, "gpulayer is not running")
+        return running
+
+    @property
+    def gl(self) -> ControlPlane:
+        """The control plane's services."""
+        return self.running.plane
+
+    @property
+    def limits(self) -> Limits:
+        """The app's limits and timings."""
+        return self.state.limits
+
+    @property
+    def who(self) -> Principal:
+        """The request's principal (``requires`` has made sure there is one)."""
+        if self.principal is None:
+            raise AuthError("this route needs a gpulayer token or a logged-in Jupyter user")
+        return self.principal
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body this route takes."""
+        return self.limits.max_body_bytes
+
+    async def prepare(self) -> None:  # type: ignore[override]  # jupyter_server's prepare may return an awaitable or None
+        """Resolve the principal before Jupyter's checks (a bearer token skips XSRF)."""
+        self._check_length()
+        state = self.state
+        if not state.ready.is_set():
+            try:
+                await asyncio.wait_for(state.ready.wait(), STARTUP_WAIT_SECONDS)
+            except TimeoutError as e:
+                raise web.HTTPError(503, "gpulayer is still starting") from e
+        token = bearer_token(self.request.headers.get("Authorization"))
+        if token is not None:
+            self.principal = await self.gl.tokens.resolve(token, self.request.remote_ip)
+        await super().prepare()
+        user = self.current_user
+        # The Jupyter user (Lab, a hub cookie, Jupyter's own token) gets the configured role.
+        if (
+            self.principal is None
+            and user is not None
+            and self.authorizer.is_authorized(self, user, self._action(), AUTH_RESOURCE)
+        ):
+            self.principal = Principal(name=user.username, role=state.limits.jupyter_user_role)
+
+    def _check_length(self) -> None:
+        length = self.request.headers.get("Content-Length")
+        body_len = int(length) if length and length.isdigit() else len(self.request.body or b"")
+        if body_len > self.max_body_bytes:
+            raise PayloadTooLarge(
+                f"request body is {body_len} bytes; this route takes at most {self.max_body_bytes}"
+            )
+
+    def _action(self) -> str:
+        return "read" if self.request.method in ("GET", "HEAD") else "write"
+
+    def check_xsrf_cookie(self) -> None:
+        """Requests with a valid gpulayer bearer token carry no cookie to forge, and a
+        request Jupyter did not authenticate has no session to forge (it gets 401)."""
+        if self.principal is not None and self.principal.token_id is not None:
+            return None
+        if getattr(self, "_jupyter_current_user", "unset") is None:
+            return None
+        super().check_xsrf_cookie()
+        return None
+
+    # ---------------------------------------------------------- parsing
+
+    def parse(self, model: type[M]) -> M:
+        """The JSON body as ``model``, or a 400 naming the bad field."""
+        try:
+            data = json.loads(self.request.body or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValidationError(f"request body is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValidationError("request body must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except pydantic.ValidationError as e:
+            raise validation_error(e) from e
+
+    def float_arg(self, name: str, default: float, hi: float) -> float:
+        """A numeric query argument in ``[0, hi]``."""
+        raw = self.get_query_argument(name, None)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError as e:
+            raise ValidationError(f"query argument {name!r} must be a number", field=name) from e
+        if not 0 <= value <= 1e9:
+            raise ValidationError(f"query argument {name!r} must be >= 0", field=name)
+        return min(value, hi)
+
+    def int_arg(self, name: str, default: int, lo: int, hi: int) -> int:
+        """An integer query argument in ``[lo, hi]``."""
+        raw = self.get_query_argument(name, None)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError as e:
+            raise ValidationError(f"query argument {name!r} must be an integer", field=name) from e
+        if not lo <= value <= hi:
+            raise ValidationError(f"query argument {name!r} must be in [{lo}, {hi}]", field=name)
+        return value
+
+    def wait_arg(self, name: str = "wait", default: float = 0.0) -> float:
+        """A long-poll hold from the query, at most ``long_poll_seconds``."""
+        return self.float_arg(name, default, self.limits.long_poll_seconds)
+
+    # ---------------------------------------------------------- answers
+
+    def reply(self, model: pydantic.BaseModel, status: int = 200) -> None:
+        """Write ``model`` as the JSON answer."""
+        self.set_status(status)
+        self.finish(model.model_dump_json())
+
+    def reply_or_204(self, model: pydantic.BaseModel | None) -> None:
+        """:meth:`reply` with ``model``, or 204 when a long poll's hold ran out."""
+        if model is None:
+            self.no_content()
+        else:
+            self.reply(model)
+
+    def created(self, model: pydantic.BaseModel, name: str) -> None:
+        """201 with ``model`` and its ``Location`` (this path plus ``name``)."""
+        self.set_header("Location", self.request.path.rstrip("/") + "/" + name)
+        self.reply(model, 201)
+
+    def no_content(self) -> None:
+        """Answer 204 (a long poll's hold ran out, a delete)."""
+        self.set_status(204)
+        self.finish()
+
+    def send_bytes(self, data: bytes) -> None:
+        """Answer raw bytes."""
+        self.finish(data, set_content_type="application/octet-stream")
+
+    # ------------------------------------------------------- long polls
+
+    async def long_poll(self, work: Awaitable[T]) -> T | None:
+        """Run a wait that ends early if the client disconnects, and with 401 the
+        moment the request's token is revoked or expires."""
+        task: asyncio.Task[T] = asyncio.ensure_future(self._unless_revoked(work))
+        self._wait_task = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.request.connection is None or task.cancelled():
+                return None
+            raise
+        finally:
+            self._wait_task = None
+
+    async def _unless_revoked(self, work: Awaitable[T]) -> T:
+        job = asyncio.ensure_future(work)
+        if self.principal is None or self.principal.token_id is None:
+            return await job
+        guard = asyncio.ensure_future(self.gl.tokens.until_invalid(self.principal))
+        try:
+            await asyncio.wait({job, guard}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (job, guard):
+                if not t.done():
+                    t.cancel()
+        if job.done() and not job.cancelled():
+            return job.result()
+        raise AuthError(guard.result())
+
+    def on_connection_close(self) -> None:
+        """Stop waiting for a client that went away."""
+        if self._wait_task is not None:
+            self._wait_task.cancel()
+        super().on_connection_close()
+
+    # ----------------------------------------------------------- errors
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, GpulayerError):
+            if self._finished:
+                return
+            self.send_error(status_of(e), exc_info=sys.exc_info())
+            return
+        super()._handle_request_exception(e)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error is an ``ErrorBody``; no tracebacks leave the server."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        body = error_body(exc, status_code, self._reason)
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="gpulayer"')
+        if isinstance(exc, RateLimited):
+            self.set_header("Retry-After", str(max(1, round(exc.retry_after_seconds))))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body.model_dump_json())

@@ -1,0 +1,232 @@
+"""``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt."""
+
+from urllib.parse import quote
+
+from jupyter_server.auth.decorator import allow_unauthenticated
+
+from gpulayer.contracts import (
+    TERMINAL_STATES,
+    ArtifactList,
+    BlobRef,
+    EventList,
+    JobBatch,
+    JobList,
+    JobSpec,
+    JobState,
+    WaitAny,
+)
+from gpulayer.errors import ValidationError
+
+from ..auth import requires
+from .base import GpulayerAPIHandler
+
+READ = ("viewer", "submitter")
+
+
+class JobsHandler(GpulayerAPIHandler):
+    """``POST jobs`` submits; ``GET jobs`` lists."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self) -> None:
+        """List jobs, newest first (``state``, ``owner``, ``limit``); a submitter sees
+        only its own, whatever ``owner`` it asks for."""
+        state = self.get_query_argument("state", None)
+        try:
+            st = JobState(state) if state else None
+        except ValueError as e:
+            raise ValidationError(
+                f"unknown state {state!r}; one of {', '.join(s.value for s in JobState)}",
+                field="state",
+            ) from e
+        limit = self.int_arg("limit", 100, 1, 10000)
+        owner = self.get_query_argument("owner", None)
+        self.reply(JobList(jobs=await self.gl.jobs.recent(st, limit, owner, self.who)))
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self) -> None:
+        """Submit a ``JobSpec``; 201 with the job and its ``Location``. With ``wait=S``
+        the answer waits up to S seconds for the job to end (a quick function call
+        then costs one request)."""
+        spec = self.parse(JobSpec)
+        hold = self.wait_arg()
+        job = await self.gl.jobs.submit(spec, self.who.name, self.who)
+        if hold > 0 and job.state not in TERMINAL_STATES:
+            ended = await self.long_poll(self.gl.jobs.wait(job.id, hold))
+            job = ended or job
+        self.created(job, job.id)
+
+
+class JobBatchHandler(GpulayerAPIHandler):
+    """``POST jobs/batch``: several jobs in one request."""
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self) -> None:
+        """Submit every spec of a ``JobBatch`` (all or none); 201 with the jobs."""
+        batch = self.parse(JobBatch)
+        jobs = await self.gl.jobs.submit_many(batch.jobs, self.who.name, self.who)
+        self.reply(JobList(jobs=jobs), 201)
+
+
+class JobsWaitHandler(GpulayerAPIHandler):
+    """``POST jobs/wait``: long poll until any of several jobs ends."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def post(self) -> None:
+        """200 with the jobs that ended (small results included), or 204."""
+        req = self.parse(WaitAny)
+        timeout = min(req.timeout, self.limits.long_poll_seconds)
+        jobs = await self.long_poll(self.gl.jobs.wait_any(req.ids, timeout, self.who))
+        self.reply_or_204(None if jobs is None else JobList(jobs=jobs))
+
+
+class JobHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}``."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """One job with tasks and pending reasons."""
+        self.reply(await self.gl.jobs.get(job_id, self.who))
+
+
+class JobResultHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/result``: a function job's pickled outcomes."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """The result bytes (unpickle them only if you trust the job's code)."""
+        self.send_bytes(await self.gl.jobs.result(job_id, self.who))
+
+
+class JobWaitHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/wait?timeout=S``: long poll until the job ends."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """200 with the ended job, or 204 when the hold ran out."""
+        await self.gl.jobs.visible(job_id, self.who)
+        timeout = self.wait_arg("timeout", self.limits.long_poll_seconds)
+        self.reply_or_204(await self.long_poll(self.gl.jobs.wait(job_id, timeout, self.who)))
+
+
+class JobCancelHandler(GpulayerAPIHandler):
+    """``POST jobs/{id}/cancel``."""
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self, job_id: str) -> None:
+        """Cancel; 409 when the job already ended."""
+        self.reply(await self.gl.jobs.cancel(job_id, by=self.who.name, viewer=self.who))
+
+
+class JobInterruptHandler(GpulayerAPIHandler):
+    """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (the notebook's stop button)."""
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self, job_id: str) -> None:
+        """Interrupt; a cell not started yet is cancelled, 409 once it ended."""
+        self.reply(await self.gl.jobs.interrupt(job_id, self.who.name, self.who))
+
+
+class JobEventsHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/events``."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """Every state change, oldest first."""
+        self.reply(EventList(events=await self.gl.jobs.events(job_id, self.who)))
+
+
+class JobLogsHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/logs?offset=&limit=&wait=``."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """Lines from ``offset``; with ``wait`` a long poll for the next ones."""
+        await self.gl.jobs.visible(job_id, self.who)
+        offset = self.int_arg("offset", 0, 0, 2**62)
+        limit = self.int_arg("limit", 1000, 1, 10000)
+        wait = self.wait_arg()
+        page = await self.long_poll(self.gl.jobs.logs(job_id, offset, limit, wait, self.who))
+        if page is not None:
+            self.reply(page)
+
+
+class JobArtifactsHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/artifacts``."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """The job's artifacts."""
+        self.reply(ArtifactList(artifacts=await self.gl.jobs.artifacts(job_id, self.who)))
+
+
+class JobArtifactHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/artifacts/{name}``: the file's bytes."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str, name: str) -> None:
+        """Send the artifact as a download."""
+        art, data = await self.gl.jobs.artifact_bytes(job_id, name, self.who)
+        filename = quote(name.rsplit("/", 1)[-1])
+        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{filename}")
+        self.set_header("X-Gpulayer-Sha256", art.sha256)
+        self.send_bytes(data)
+
+
+class JobPlacementHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/placement``: where it runs, or per worker why it waits."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """Answer ``Placement``."""
+        self.reply(await self.gl.jobs.placement(job_id, self.who))
+
+
+class BlobsHandler(GpulayerAPIHandler):
+    """``POST blobs``: upload bytes (a source bundle); answers its sha256."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Blobs may be as large as an artifact."""
+        return self.limits.max_blob_bytes
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def post(self) -> None:
+        """Store the body by content."""
+        sha, size = await self.gl.blobs.put(self.request.body)
+        self.created(BlobRef(sha256=sha, size=size), sha)
+
+
+_ID = r"(?P<{}>[^/]+)"
+JOB = _ID.format("job_id")
+
+ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
+    (r"jobs", JobsHandler),
+    (r"jobs/batch", JobBatchHandler),
+    (r"jobs/wait", JobsWaitHandler),
+    (rf"jobs/{JOB}", JobHandler),
+    (rf"jobs/{JOB}/result", JobResultHandler),
+    (rf"jobs/{JOB}/wait", JobWaitHandler),
+    (rf"jobs/{JOB}/cancel", JobCancelHandler),
+    (rf"jobs/{JOB}/interrupt", JobInterruptHandler),
+    (rf"jobs/{JOB}/events", JobEventsHandler),
+    (rf"jobs/{JOB}/logs", JobLogsHandler),
+    (rf"jobs/{JOB}/artifacts", JobArtifactsHandler),
+    (rf"jobs/{JOB}/artifacts/(?P<name>.+)", JobArtifactHandler),
+    (rf"jobs/{JOB}/placement", JobPlacementHandler),
+    (r"blobs", BlobsHandler),
+]

@@ -1,0 +1,138 @@
+"""Worker-facing routes: register, heartbeat, acquire, task logs/artifacts/results/
+completion, bundle downloads.
+
+Workers call out to the control plane (never the other way), so a GPU box behind
+NAT can join. Every route here takes a bearer token: the join token for
+``register``, the worker's own token for the rest (``access.py`` keeps it to its
+own worker, tasks and bundles).
+"""
+
+import pydantic
+from jupyter_server.auth.decorator import allow_unauthenticated
+
+from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion, WorkerRegistration
+from gpulayer.errors import PayloadTooLarge, ValidationError
+
+from ..auth import requires
+from .base import GpulayerAPIHandler
+
+_ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName)
+
+
+class RegisterHandler(GpulayerAPIHandler):
+    """``POST workers/register`` with the join token."""
+
+    @allow_unauthenticated
+    @requires("join")
+    async def post(self) -> None:
+        """Admit the worker; answers its own token."""
+        reg = self.parse(WorkerRegistration)
+        await self.gl.tokens.use(self.who)  # a single-use join token is spent now
+        self.reply(await self.gl.workers.register(reg))
+
+
+class HeartbeatHandler(GpulayerAPIHandler):
+    """``POST workers/{id}/heartbeat``."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, worker_id: str) -> None:
+        """Renew leases; answer the tasks to kill."""
+        hb = self.parse(Heartbeat)
+        self.reply(await self.gl.workers.heartbeat(worker_id, hb, self.who))
+
+
+class AcquireHandler(GpulayerAPIHandler):
+    """``POST workers/{id}/acquire?wait=S``: long poll for assignments and cancels."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, worker_id: str) -> None:
+        """200 with ``Acquired`` the moment there is work, else 204 after the hold."""
+        wait = self.wait_arg(default=self.limits.long_poll_seconds)
+        got = await self.long_poll(self.gl.workers.acquire(worker_id, wait, self.who))
+        self.reply_or_204(got)
+
+
+class TaskLogsHandler(GpulayerAPIHandler):
+    """``POST tasks/{id}/logs``: a batch of a task's lines."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, task_id: str) -> None:
+        """Store the batch; answer how many lines the task now has."""
+        batch = self.parse(LogBatch)
+        most = self.limits.max_log_batch_lines
+        if len(batch.lines) > most:
+            raise PayloadTooLarge(f"a log batch holds at most {most} lines", field="lines")
+        self.reply(await self.gl.tasks.append_logs(self.who, task_id, batch))
+
+
+class TaskArtifactHandler(GpulayerAPIHandler):
+    """``PUT tasks/{id}/artifacts/{name}``: a file the task wrote."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Artifacts may be large."""
+        return self.limits.max_blob_bytes
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def put(self, task_id: str, name: str) -> None:
+        """Store the body as the artifact ``name`` of the task's job."""
+        try:
+            name = _ARTIFACT_NAME.validate_python(name)
+        except pydantic.ValidationError as e:
+            raise ValidationError(
+                f"artifact name {name!r} must be a relative path without '..'", field="name"
+            ) from e
+        art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.request.body)
+        self.reply(art, 201)
+
+
+class TaskResultHandler(GpulayerAPIHandler):
+    """``PUT tasks/{id}/result``: a function task's outcomes too large to send inline."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Results may be as large as an artifact."""
+        return self.limits.max_blob_bytes
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def put(self, task_id: str) -> None:
+        """Keep the body; the completion then names it as ``result_blob``."""
+        self.reply(await self.gl.tasks.add_result(self.who, task_id, self.request.body), 201)
+
+
+class TaskCompleteHandler(GpulayerAPIHandler):
+    """``POST tasks/{id}/complete``."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, task_id: str) -> None:
+        """Record the task's end (idempotent)."""
+        done = self.parse(TaskCompletion)
+        self.reply(await self.gl.tasks.complete(self.who, task_id, done))
+
+
+class BlobHandler(GpulayerAPIHandler):
+    """``GET blobs/{sha256}``: a stored blob (a job's bundle)."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def get(self, sha256: str) -> None:
+        """Send the blob's bytes."""
+        self.send_bytes(await self.gl.tasks.blob(self.who, sha256))
+
+
+ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
+    (r"workers/register", RegisterHandler),
+    (r"workers/(?P<worker_id>[^/]+)/heartbeat", HeartbeatHandler),
+    (r"workers/(?P<worker_id>[^/]+)/acquire", AcquireHandler),
+    (r"tasks/(?P<task_id>[^/]+)/logs", TaskLogsHandler),
+    (r"tasks/(?P<task_id>[^/]+)/artifacts/(?P<name>.+)", TaskArtifactHandler),
+    (r"tasks/(?P<task_id>[^/]+)/result", TaskResultHandler),
+    (r"tasks/(?P<task_id>[^/]+)/complete", TaskCompleteHandler),
+    (r"blobs/(?P<sha256>[^/]+)", BlobHandler),
+]

@@ -1,0 +1,74 @@
+"""The control plane's services, wired over one core.
+
+:class:`ControlPlane` builds the :class:`~jupyter_ext.core.Core` and hands each
+service its collaborators through its constructor (nothing here has logic of its
+own)::
+
+    Core ◀── Sessions ◀── Placer ◀── Jobs, Tasks, Workers ◀── Leases
+                    ▲                  ▲
+                    └─ SessionService ─┘   TrainingMetrics (Jobs, Tasks)
+
+``app.py`` builds one per server; tests and ``benchmarks/scheduler.py`` build
+their own on a temporary store with an injected clock.
+"""
+
+import time
+from collections.abc import Callable
+
+from .artifacts import BlobStore
+from .auth import TokenService
+from .core import Core, Settings
+from .jobs import Jobs
+from .leases import Leases
+from .placer import Placer
+from .prometheus import Instruments
+from .sessions import Sessions, SessionService
+from .store import Store
+from .streams import Notifier
+from .tasks import Tasks
+from .training_metrics import TrainingMetrics
+from .workers import Workers
+
+
+class ControlPlane:
+    """Every service of one control plane (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        notifier: Notifier,
+        tokens: TokenService,
+        *,
+        heartbeat_seconds: float = 5.0,
+        lease_seconds: float = 30.0,
+        aging_seconds: float = 300.0,
+        telemetry_samples: int = 360,
+        session_idle_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        instruments: Instruments | None = None,
+    ) -> None:
+        settings = Settings(heartbeat_seconds, lease_seconds, aging_seconds, session_idle_seconds)
+        self.core = core = Core(
+            store,
+            blobs,
+            notifier,
+            settings=settings,
+            telemetry_samples=telemetry_samples,
+            clock=clock,
+            instruments=instruments,
+        )
+        self.store, self.blobs, self.notifier, self.tokens = store, blobs, notifier, tokens
+        self.sessions = Sessions(core)
+        self.placer = Placer(core, self.sessions)
+        self.jobs = Jobs(core, self.sessions, self.placer)
+        self.session_service = SessionService(core, self.sessions, self.jobs)
+        self.tasks = Tasks(core, self.sessions, self.placer)
+        self.workers = Workers(core, self.placer, tokens)
+        self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
+        self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
+
+    async def start(self) -> None:
+        """Recover after a (re)start, then place what waits."""
+        await self.leases.recover()
+        await self.placer.schedule()

@@ -1,0 +1,192 @@
+"""The shared core the control-plane services are built over.
+
+One :class:`Core` per control plane holds what every service needs: the store,
+blobs, long-poll wake-ups, the fleet, the settings and clock, the one lock that
+serializes placement and state changes (SQLite has one writer anyway), parsed
+job specs, and the :class:`Mailbox` of cancels and interrupts waiting for their
+worker's acquire. It also ends tasks (:meth:`Core.finish`), which the lease sweep,
+the worker service and the task intake all do.
+
+Job (and task) states are changed only through :mod:`jupyter_ext.transitions`.
+"""
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpulayer.contracts import JobSpec, JobState
+from gpulayer.errors import NotFound
+
+from . import gangs
+from .artifacts import BlobStore
+from .fleet import Fleet
+from .placement import shape
+from .prometheus import Instruments
+from .store import JobRecord, Statement, Store, TaskRecord
+from .streams import Notifier, job_key, logs_key, worker_key
+from .transitions import retry_or_end, task_end
+
+
+def new_id() -> str:
+    """A fresh job, task or worker id."""
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Timings of the control plane (see ``GpulayerApp`` for their meaning)."""
+
+    heartbeat_seconds: float = 5.0
+    lease_seconds: float = 30.0
+    aging_seconds: float = 300.0
+    session_idle_seconds: float = 3600.0
+
+
+class Mailbox:
+    """Cancels and interrupts not yet handed to their worker's acquire.
+
+    Cancels stay until an acquire answer that carried them is stored (heartbeat
+    replies repeat them anyway); interrupts go out once (docs/adr/0042).
+    """
+
+    def __init__(self) -> None:
+        self._cancels: dict[str, set[str]] = defaultdict(set)
+        self._interrupts: dict[str, set[str]] = defaultdict(set)
+
+    def cancel(self, worker_id: str, task_id: str) -> None:
+        """Queue a cancel of ``task_id`` for its worker."""
+        self._cancels[worker_id].add(task_id)
+
+    def interrupt(self, worker_id: str, task_id: str) -> None:
+        """Queue an interrupt of ``task_id`` for its worker."""
+        self._interrupts[worker_id].add(task_id)
+
+    def cancels(self, worker_id: str) -> list[str]:
+        """The cancels waiting for ``worker_id`` (kept until :meth:`delivered`)."""
+        return sorted(self._cancels.get(worker_id, ()))
+
+    def take_interrupts(self, worker_id: str) -> list[str]:
+        """The interrupts waiting for ``worker_id``, forgotten now."""
+        return sorted(self._interrupts.pop(worker_id, ()))
+
+    def delivered(self, worker_id: str, cancels: Iterable[str]) -> None:
+        """An acquire answer carrying ``cancels`` is on its way."""
+        self._cancels[worker_id].difference_update(cancels)
+
+
+class Core:
+    """What the services share; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        notifier: Notifier,
+        *,
+        settings: Settings = Settings(),
+        telemetry_samples: int = 360,
+        clock: Callable[[], float] = time.time,
+        instruments: Instruments | None = None,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.notifier = notifier
+        self.settings = settings
+        self.clock = clock
+        self.instruments = instruments or Instruments()
+        self.fleet = Fleet(store, telemetry_samples)
+        self.mailbox = Mailbox()
+        # One placement or state change at a time.
+        self.lock = asyncio.Lock()
+        # Parsed once: specs never change.
+        self._specs: dict[str, tuple[JobSpec, str]] = {}
+
+    # ---------------------------------------------------------------- specs
+
+    def remember(self, job_id: str, spec: JobSpec) -> None:
+        """Keep a new job's parsed spec."""
+        self._specs[job_id] = (spec, shape(spec.resources))
+
+    def spec(self, job: JobRecord) -> JobSpec:
+        """``job``'s spec, parsed once."""
+        return self._parsed(job)[0]
+
+    def shape(self, job: JobRecord) -> str:
+        """A key equal for jobs whose requirements fit in the same places."""
+        return self._parsed(job)[1]
+
+    def _parsed(self, job: JobRecord) -> tuple[JobSpec, str]:
+        cached = self._specs.get(job.id)
+        if cached is None:
+            spec = JobSpec.model_validate_json(job.spec_json)
+            cached = self._specs[job.id] = (spec, shape(spec.resources))
+        return cached
+
+    # ---------------------------------------------------------------- reads
+
+    async def job(self, job_id: str) -> JobRecord:
+        """A job by id, or :class:`NotFound`."""
+        row = await self.store.get_job(job_id)
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        return row
+
+    async def task(self, task_id: str) -> TaskRecord:
+        """A task by id, or :class:`NotFound`."""
+        row = await self.store.get_task(task_id)
+        if row is None:
+            raise NotFound(f"no task with id {task_id!r}")
+        return row
+
+    async def current_task(self, job_id: str) -> TaskRecord | None:
+        """The task of a job's latest attempt."""
+        tasks = await self.store.tasks_of_job(job_id)
+        return tasks[-1] if tasks else None
+
+    # ------------------------------------------------------------ wake-ups
+
+    def notify_job(self, job_id: str) -> None:
+        """Wake whoever waits for the job's state or logs."""
+        self.notifier.notify(job_key(job_id))
+        self.notifier.notify(logs_key(job_id))
+
+    def notify_worker(self, worker_id: str) -> None:
+        """Wake the worker's acquire long poll."""
+        self.notifier.notify(worker_key(worker_id))
+
+    def stop(self, stop: Iterable[tuple[str, str]]) -> None:
+        """Tell workers (through their acquire long poll) to stop these tasks."""
+        for worker_id, task_id in stop:
+            self.mailbox.cancel(worker_id, task_id)
+            self.notify_worker(worker_id)
+
+    # -------------------------------------------------------------- ending
+
+    async def finish(
+        self,
+        task: TaskRecord,
+        state: JobState,
+        exit_code: int | None,
+        reason: str | None,
+        *,
+        retry: bool = True,
+    ) -> list[Statement]:
+        """Statements that end ``task`` and move its job on (lock held); ``retry``
+        False ends the job even when attempts are left (the failure is its answer)."""
+        job = await self.job(task.job_id)
+        spec = self.spec(job)
+        why = reason or ("exit code 0" if state == JobState.succeeded else state.value)
+        now = self.clock()
+        if gangs.is_gang(spec):
+            tasks = await self.store.tasks_of_job(job.id)
+            names = await self.fleet.all_names()
+            end = gangs.finish(
+                now, job, spec, tasks, task, state, exit_code, why, retry=retry, names=names
+            )
+            self.stop(end.stop)
+            return end.statements
+        stmts = task_end(now, task, state, exit_code, why)
+        return stmts + retry_or_end(now, job, spec.retries, state, exit_code, why, retry=retry)

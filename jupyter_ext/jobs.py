@@ -1,0 +1,336 @@
+"""The job service: submit, cancel, interrupt, and every read of a job.
+
+Job states (changed only through ``transitions.py``)::
+
+    queued ──▶ scheduled ──▶ running ──▶ succeeded | failed | cancelled | timed_out | lost
+      ▲            │            │
+      └────────────┴────────────┘   retry (failed or lost, while retries remain)
+
+A job is ``queued`` until placement gives it a task on a worker (``scheduled``);
+the worker's acquire long poll picks the task up (``running``, with a lease that
+heartbeats renew). The task's end decides the job's end, or puts the job back in
+the queue for another attempt.
+
+Every method that takes a ``viewer`` applies ``access.py``: a job the viewer may
+not see is answered as if it did not exist.
+"""
+
+import logging
+from collections.abc import Sequence
+
+from gpulayer.contracts import (
+    TERMINAL_STATES,
+    Artifact,
+    Event,
+    Job,
+    JobKind,
+    JobSpec,
+    JobState,
+    LogPage,
+    Placement,
+)
+from gpulayer.errors import InvalidTransition, NotFound, ValidationError
+
+from . import access, gangs
+from .auth import Principal
+from .core import Core, new_id
+from .placer import Placer
+from .sessions import Sessions
+from .store import JobRecord, ResultRecord, Statement
+from .streams import job_key, logs_key
+from .transitions import cancel_requested, job_to, note, submitted, task_end
+
+log = logging.getLogger("gpulayer.jobs")
+
+#: Kinds whose jobs answer a result.
+_ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
+_ACTIVE = frozenset(JobState) - TERMINAL_STATES
+
+
+class Jobs:
+    """Submit, cancel, interrupt and read jobs."""
+
+    def __init__(self, core: Core, sessions: Sessions, placer: Placer) -> None:
+        self._core = core
+        self._sessions = sessions
+        self._placer = placer
+
+    async def visible(self, job_id: str, viewer: Principal | None) -> JobRecord:
+        """The job, if ``viewer`` may see it (else :class:`NotFound`)."""
+        return access.visible_job(viewer, await self._core.store.get_job(job_id), job_id)
+
+    # -------------------------------------------------------------- submit
+
+    async def submit(self, spec: JobSpec, owner: str, viewer: Principal | None = None) -> Job:
+        """Queue a job and try to place it at once."""
+        return (await self.submit_many([spec], owner, viewer))[0]
+
+    async def submit_many(
+        self, specs: Sequence[JobSpec], owner: str, viewer: Principal | None = None
+    ) -> list[Job]:
+        """Queue several jobs in one transaction (all or none), then place what fits."""
+        core = self._core
+        await self._sessions.check_cells(specs, viewer)
+        for spec in specs:
+            self._check_blobs(spec)
+        if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
+            await self._sessions.check(specs)
+        now = core.clock()
+        ids = [new_id() for _ in specs]
+        stmts: list[Statement] = []
+        for job_id, spec in zip(ids, specs, strict=True):
+            stmts += submitted(now, job_id, spec.model_dump_json(), owner, spec.priority)
+        await core.store.apply(stmts)
+        for job_id, spec in zip(ids, specs, strict=True):
+            core.remember(job_id, spec)
+            if spec.kind in (JobKind.cell, JobKind.session):
+                self._sessions.submitted(job_id, spec)
+        log.info("%d job(s) queued, first %s", len(ids), ids[0])
+        try:
+            await self._placer.schedule()
+        except Exception:  # the jobs are stored and queued; the next pass places them
+            log.exception("placement after submitting %s failed", ids[0])
+        if len(ids) == 1:
+            return [await self.get(ids[0])]
+        return await self.by_ids(ids)
+
+    def _check_blobs(self, spec: JobSpec) -> None:
+        """Refuse a spec whose bundle, payload or pushed variables were not uploaded."""
+        payload = spec.function.payload_blob if spec.function is not None else None
+        push = spec.cell.push_blob if spec.cell is not None else None
+        for sha, field, message in (
+            (spec.bundle, "bundle", "bundle {} was not uploaded (POST it to /blobs first)"),
+            (payload, "function.payload_blob",
+             "function payload {} was not uploaded (POST it to /blobs first)"),
+            (push, "cell.push_blob",
+             "pushed variables {} were not uploaded (POST them to /blobs first)"),
+        ):  # fmt: skip
+            if sha is not None and not self._core.blobs.exists(sha):
+                raise ValidationError(message.format(sha), field=field)
+
+    # --------------------------------------------------------------- reads
+
+    async def by_ids(self, job_ids: Sequence[str], *, with_results: bool = False) -> list[Job]:
+        """Several jobs (without tasks or pending reasons), in the order of ``job_ids``."""
+        rows = {r.id: r for r in await self._core.store.jobs_by_ids(job_ids)}
+        names = await self._core.fleet.all_names()
+        jobs = [rows[i].model([], names, self._core.spec(rows[i])) for i in job_ids if i in rows]
+        if with_results:
+            results = await self._core.store.results([j.id for j in jobs])
+            for j in jobs:
+                _attach(j, results.get(j.id))
+        return jobs
+
+    async def get(
+        self, job_id: str, viewer: Principal | None = None, *, with_result: bool = True
+    ) -> Job:
+        """A job with its tasks, a small result (and, while queued, why it waits)."""
+        core = self._core
+        row = await self.visible(job_id, viewer)
+        tasks = await core.store.tasks_of_job(job_id)
+        names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
+        job = row.model(tasks, names, core.spec(row))
+        if with_result and job.spec.kind in _ANSWERING and row.ended:
+            _attach(job, await core.store.result(job_id))
+        if job.state == JobState.queued:
+            views = await core.fleet.views()
+            report = await self._placer.waiting(job.spec.resources, job.id, views)
+            report = gangs.waiting(report, job.spec)
+            reasons = [f"{w.worker}: {w.reason}" for w in report.workers]
+            job.pending_reasons = reasons or [report.summary]
+            if not report.satisfiable:
+                job.reason = report.summary
+        return job
+
+    async def recent(
+        self,
+        state: JobState | None = None,
+        limit: int = 100,
+        owner: str | None = None,
+        viewer: Principal | None = None,
+    ) -> list[Job]:
+        """Jobs newest first (only ``owner``'s when given; a submitter's own always)."""
+        owner = access.listed_owner(viewer, owner)
+        rows = await self._core.store.list_jobs(state, limit, owner)
+        names = await self._core.fleet.all_names()
+        return [r.model([], names, self._core.spec(r)) for r in rows]
+
+    async def active_count(self) -> int:
+        """How many jobs have not ended (queued, scheduled or running)."""
+        return await self._core.store.count_jobs(sorted(_ACTIVE))
+
+    async def events(self, job_id: str, viewer: Principal | None = None) -> list[Event]:
+        """Every state change of a job, oldest first."""
+        await self.visible(job_id, viewer)
+        return [e.model() for e in await self._core.store.events_of_job(job_id)]
+
+    async def placement(self, job_id: str, viewer: Principal | None = None) -> Placement:
+        """Where a job runs, or per worker why it waits."""
+        return await self._placer.explain(await self.visible(job_id, viewer))
+
+    async def result(self, job_id: str, viewer: Principal | None = None) -> bytes:
+        """A function job's pickled outcomes (:class:`NotFound` while it has none)."""
+        await self.visible(job_id, viewer)
+        row = await self._core.store.result(job_id)
+        if row is None:
+            raise NotFound(f"job {job_id} has no result (yet)")
+        if row.inline is not None:
+            return row.inline
+        assert row.sha256 is not None
+        return await self._core.blobs.read(row.sha256)
+
+    async def artifacts(self, job_id: str, viewer: Principal | None = None) -> list[Artifact]:
+        """A job's artifacts."""
+        await self.visible(job_id, viewer)
+        return [a.model() for a in await self._core.store.artifacts_of_job(job_id)]
+
+    async def artifact(self, job_id: str, name: str, viewer: Principal | None = None) -> Artifact:
+        """One artifact of a job."""
+        await self.visible(job_id, viewer)
+        found = await self._core.store.get_artifact(job_id, name)
+        if found is None:
+            raise NotFound(f"job {job_id} has no artifact {name!r}")
+        return found.model()
+
+    async def artifact_bytes(
+        self, job_id: str, name: str, viewer: Principal | None = None
+    ) -> tuple[Artifact, bytes]:
+        """One artifact of a job and its bytes."""
+        art = await self.artifact(job_id, name, viewer)
+        return art, await self._core.blobs.read(art.sha256)
+
+    # --------------------------------------------------------------- waits
+
+    async def wait(
+        self, job_id: str, timeout: float, viewer: Principal | None = None
+    ) -> Job | None:
+        """The job once it ended, or None if it is still going after ``timeout`` s."""
+        await self.visible(job_id, viewer)
+
+        async def ended() -> Job | None:
+            row = await self._core.store.get_job(job_id)
+            return await self.get(job_id) if row is not None and row.ended else None
+
+        return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)
+
+    async def wait_any(
+        self, job_ids: Sequence[str], timeout: float, viewer: Principal | None = None
+    ) -> list[Job] | None:
+        """The jobs among ``job_ids`` that ended (with small results), as soon as at
+        least one has; None if none did within ``timeout`` s."""
+        unique = list(dict.fromkeys(job_ids))
+        access.visible_jobs(viewer, await self._core.store.jobs_by_ids(unique), unique)
+
+        async def ended() -> list[Job] | None:
+            rows = await self._core.store.jobs_by_ids(unique)
+            done = [r.id for r in rows if r.ended]
+            return await self.by_ids(done, with_results=True) if done else None
+
+        return await self._core.notifier.wait_for([job_key(i) for i in unique], ended, timeout)
+
+    async def logs(
+        self, job_id: str, offset: int, limit: int, wait: float, viewer: Principal | None = None
+    ) -> LogPage:
+        """Lines from ``offset``; waits up to ``wait`` s for the first new one."""
+        await self.visible(job_id, viewer)
+        store = self._core.store
+
+        async def page() -> LogPage | None:
+            got = await store.log_page(job_id, offset, limit)
+            return got if (got.lines or got.complete) else None
+
+        if wait > 0:
+            found = await self._core.notifier.wait_for(logs_key(job_id), page, wait)
+            if found is not None:
+                return found
+        return await store.log_page(job_id, offset, limit)
+
+    # ------------------------------------------------------ cancel, interrupt
+
+    async def cancel(
+        self, job_id: str, by: str, *, reason: str | None = None, viewer: Principal | None = None
+    ) -> Job:
+        """Cancel a job: at once while queued or not yet picked up, else through its
+        worker; ``reason`` replaces the default "cancelled by BY".
+
+        Raises
+        ------
+        InvalidTransition
+            When the job already ended.
+        """
+        core = self._core
+        await self.visible(job_id, viewer)
+        async with core.lock:
+            row = await core.job(job_id)
+            if row.ended:
+                raise InvalidTransition(
+                    f"job {job_id} already {row.state}; there is nothing to cancel"
+                )
+            stmts = await self._cancelling(row, reason or f"cancelled by {by}")
+        if stmts is None:  # already asked
+            return await self.get(job_id)
+        if stmts:
+            await core.store.apply(stmts)
+        core.notify_job(job_id)
+        log.info("job %s: cancel requested", job_id)
+        return await self.get(job_id)
+
+    async def _cancelling(self, row: JobRecord, reason: str) -> list[Statement] | None:
+        """Statements that cancel ``row`` (lock held); None when a cancel of its
+        running task was already requested."""
+        core = self._core
+        now = core.clock()
+        spec = core.spec(row)
+        if spec.kind == JobKind.session:
+            self._sessions.end_requested(row.id)
+        task = await core.current_task(row.id)
+        if gangs.is_gang(spec):  # every node at once
+            end = gangs.cancel(now, row, await core.store.tasks_of_job(row.id), reason)
+            core.stop(end.stop)
+            return end.statements
+        if row.state == JobState.running and task is not None and task.state == JobState.running:
+            if task.cancel_requested:
+                return None
+            assert task.worker_id is not None
+            core.mailbox.cancel(task.worker_id, task.id)
+            core.notify_worker(task.worker_id)
+            return cancel_requested(now, task, reason)
+        stmts: list[Statement] = []
+        if task is not None and task.state == JobState.scheduled:
+            stmts += task_end(now, task, JobState.cancelled, None, reason)
+        return stmts + job_to(now, row, JobState.cancelled, reason)
+
+    async def interrupt(self, job_id: str, by: str, viewer: Principal | None = None) -> Job:
+        """Interrupt a cell (SIGINT to its kernel); one not started yet is cancelled.
+
+        Raises
+        ------
+        ValidationError
+            When the job is not a cell.
+        InvalidTransition
+            When it already ended.
+        """
+        core = self._core
+        row = await self.visible(job_id, viewer)
+        if core.spec(row).kind != JobKind.cell:
+            raise ValidationError(f"job {job_id} is not a cell; cancel it instead", field="kind")
+        if row.ended:
+            raise InvalidTransition(f"job {job_id} already {row.state}; nothing to interrupt")
+        task = await core.current_task(job_id)
+        if row.state != JobState.running or task is None or task.state != JobState.running:
+            return await self.cancel(job_id, by, reason=f"interrupted by {by} before it started")
+        assert task.worker_id is not None
+        await core.store.apply(
+            note(core.clock(), job_id, task.id, "interrupt_requested", f"interrupted by {by}")
+        )
+        core.mailbox.interrupt(task.worker_id, task.id)
+        core.notify_worker(task.worker_id)
+        log.info("job %s: interrupt requested", job_id)
+        return await self.get(job_id)
+
+
+def _attach(job: Job, row: ResultRecord | None) -> None:
+    """Put a stored result on ``job``: its size, and its bytes when kept inline."""
+    if row is not None:
+        job.result_size = row.size
+        job.result = row.inline

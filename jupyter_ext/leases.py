@@ -1,0 +1,108 @@
+"""Leases and the sweep: silent workers, expired leases, idle sessions, restarts.
+
+Running tasks whose lease runs out end ``lost`` (or are retried); tasks placed on a
+worker that went offline before picking them up go back to the queue (a gang's
+node ends its gang instead). Idle sessions are ended. After a control-plane
+(re)start, :meth:`Leases.recover` gives every worker a lease to come back.
+"""
+
+import contextlib
+import logging
+
+from gpulayer.contracts import JobState, WorkerState
+from gpulayer.errors import InvalidTransition
+
+from .core import Core
+from .jobs import Jobs
+from .placer import Placer
+from .sessions import Sessions
+from .store import Statement, TaskRecord, WorkerRecord
+from .transitions import unplaced
+from .workers import Workers
+
+log = logging.getLogger("gpulayer.leases")
+
+
+class Leases:
+    """The periodic sweep and the start-up recovery."""
+
+    def __init__(
+        self, core: Core, sessions: Sessions, placer: Placer, jobs: Jobs, workers: Workers
+    ) -> None:
+        self._core = core
+        self._sessions = sessions
+        self._placer = placer
+        self._jobs = jobs
+        self._workers = workers
+
+    async def recover(self) -> None:
+        """After a control-plane (re)start: give workers a lease to come back,
+        and re-arm cancel requests that were not delivered yet."""
+        core = self._core
+        await core.store.extend_all_leases(core.clock() + core.settings.lease_seconds)
+        await self._workers.rearm_cancels()
+        await self._sessions.recover()
+
+    async def sweep(self) -> None:
+        """Mark silent workers and end (or retry) tasks whose lease ran out."""
+        core = self._core
+        now = core.clock()
+        for w in await core.store.list_workers():
+            await self._mark_silent(w, now)
+        async with core.lock:
+            stmts, ended = await self._expire(now)
+            if stmts:
+                await core.store.apply(stmts)
+        for job_id in ended:
+            core.notify_job(job_id)
+            await self._sessions.job_ended(job_id)
+        for job_id, reason in await self._sessions.idle(now):
+            log.info("session job %s: %s", job_id, reason)
+            with contextlib.suppress(InvalidTransition):
+                await self._jobs.cancel(job_id, by="gpulayer", reason=reason)
+        if stmts:
+            await self._placer.schedule()
+
+    async def _mark_silent(self, w: WorkerRecord, now: float) -> None:
+        """Move a worker that stopped heartbeating to ``unhealthy``, then ``offline``."""
+        s = self._core.settings
+        silent = now - (w.last_heartbeat or w.registered_at)
+        new = None
+        if silent > s.lease_seconds and w.state != WorkerState.offline:
+            new = WorkerState.offline
+        elif silent > 3 * s.heartbeat_seconds and w.state in (
+            WorkerState.ready,
+            WorkerState.draining,
+        ):
+            new = WorkerState.unhealthy
+        if new:
+            await self._core.store.set_worker_state(w.id, new)
+            log.info("worker %s is %s (silent %.1fs)", w.name, new.value, silent)
+
+    async def _expire(self, now: float) -> tuple[list[Statement], list[str]]:
+        """Statements for expired leases and tasks stranded on offline workers (lock
+        held), and the jobs they end or re-queue."""
+        core = self._core
+        stmts: list[Statement] = []
+        ended: list[str] = []
+        for t in await core.store.expired_leases(now):
+            if t.node_rank is not None and t.job_id in ended:
+                continue  # its gang ends once, with the first node
+            stmts += await core.finish(t, JobState.lost, None, "worker stopped renewing the lease")
+            ended.append(t.job_id)
+        workers = await core.store.list_workers()
+        offline = {w.id for w in workers if w.state == WorkerState.offline}
+        for t in await core.store.active_tasks():
+            if t.state == JobState.scheduled and t.worker_id in offline:
+                stmts += await self._stranded(t, ended)
+                ended.append(t.job_id)
+        return stmts, ended
+
+    async def _stranded(self, t: TaskRecord, ended: list[str]) -> list[Statement]:
+        """A task placed on a worker that went offline before starting it."""
+        why = "its worker went offline before starting it"
+        if t.node_rank is None:
+            return unplaced(self._core.clock(), await self._core.job(t.job_id), t, why)
+        if t.job_id in ended:
+            return []
+        return await self._core.finish(t, JobState.lost, None, why)

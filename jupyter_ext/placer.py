@@ -1,0 +1,170 @@
+"""The placement pass and its explanation, over the pure fit rules in ``placement.py``.
+
+Placement order: priority (high first), then submission order. A job that does not
+fit yet does not block smaller ones behind it (backfill), until it has waited
+``aging_seconds``: from then on the workers that could ever run it take no job
+placed after it, so it cannot starve. Among workers that fit, the one with the
+fewest active tasks wins, then the name, so the same state always gives the same
+placement. :meth:`Placer.explain` says per worker why a job waits, and flags a
+job no registered worker could ever run.
+
+Cells of a running session are placed first (``Sessions.place_cells``): they run in
+their session's slot and GPUs.
+"""
+
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gpulayer.contracts import JobSpec, JobState, Placement, Resources, WorkerState
+
+from . import gangs
+from .core import Core, new_id
+from .placement import (
+    Usage,
+    WorkerView,
+    fit,
+    placed_report,
+    static_misfit,
+    usage_by_worker,
+    waiting_report,
+)
+from .sessions import Sessions
+from .store import JobRecord, Statement
+from .transitions import placed_on
+
+log = logging.getLogger("gpulayer.placer")
+
+
+@dataclass
+class _Pass:
+    """The state of one placement pass (lock held)."""
+
+    now: float
+    workers: list[WorkerView]
+    usage: dict[str, Usage]
+    free_slots: int
+    stmts: list[Statement] = field(default_factory=list)
+    placed: list[tuple[str, str]] = field(default_factory=list)  # (job id, worker id)
+    failed_shapes: set[str] = field(default_factory=set)
+    reserved: set[str] = field(default_factory=set)  # workers held for a job that aged
+
+    def take(self, job_id: str, worker_id: str, gpus: list[int]) -> None:
+        """Count a task placed on ``worker_id`` in this pass."""
+        self.usage[worker_id].tasks += 1
+        self.usage[worker_id].gpus.update(dict.fromkeys(gpus, job_id))
+        self.placed.append((job_id, worker_id))
+        self.free_slots -= 1
+
+
+class Placer:
+    """Places queued jobs and explains why the others wait."""
+
+    def __init__(self, core: Core, sessions: Sessions) -> None:
+        self._core = core
+        self._sessions = sessions
+
+    async def schedule(self) -> int:
+        """Place every queued job that fits; returns how many were placed.
+
+        One pass in placement order. Requirements that failed everywhere in this
+        pass are not tried again for later jobs (usage only grows within a pass),
+        and the pass stops as soon as no worker has a free slot.
+        """
+        core = self._core
+        if not await core.store.any_queued():  # the usual case after a completion
+            return 0
+        async with core.lock:
+            now = core.clock()
+            stmts, cells = await self._sessions.place_cells(now)
+            workers = [w for w in await core.fleet.views() if w.state == WorkerState.ready]
+            usage = await self.usage()
+            free = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
+            p = _Pass(now, workers, usage, free, stmts, cells)
+            async for job in core.store.queued_jobs() if free > 0 else _no_jobs():
+                if p.free_slots <= 0:
+                    break
+                await self._consider(p, job)
+            if p.stmts:
+                await core.store.apply(p.stmts)
+        for job_id, worker_id in p.placed:
+            if worker_id:
+                core.notify_worker(worker_id)
+            core.notify_job(job_id)
+        return len(p.placed)
+
+    async def _consider(self, p: _Pass, job: JobRecord) -> None:
+        """Place ``job`` in pass ``p`` if it fits; an aged job that does not fit
+        reserves the workers that could ever run it."""
+        spec = self._core.spec(job)
+        if spec.in_session:
+            return  # placed by the session pass, once its session runs
+        key = gangs.shape_key(spec, self._core.shape(job))
+        if key not in p.failed_shapes and await self._place(p, job, spec):
+            return
+        p.failed_shapes.add(key)
+        if p.now - job.created_at > self._core.settings.aging_seconds:
+            res = spec.resources
+            p.reserved.update(w.id for w in p.workers if static_misfit(res, w) is None)
+
+    async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
+        """Try ``job`` on the workers not reserved; True when it was placed."""
+        candidates = [w for w in p.workers if w.id not in p.reserved]
+        if gangs.is_gang(spec):
+            nodes = gangs.choose(spec, candidates, p.usage)
+            if nodes is None or len(nodes) > p.free_slots:
+                return False
+            p.stmts += await self._gang(job, spec, nodes, p.now)
+            for n in nodes:
+                p.take(job.id, n.worker.id, n.gpus)
+            return True
+        for w in sorted(candidates, key=lambda w: (p.usage[w.id].tasks, w.name)):
+            gpus = fit(spec.resources, w, p.usage[w.id])
+            if isinstance(gpus, list):
+                p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
+                latency = max(0.0, p.now - job.updated_at)
+                self._core.instruments.placement_latency.observe(latency)
+                p.take(job.id, w.id, gpus)
+                return True
+        return False
+
+    async def _gang(
+        self, job: JobRecord, spec: JobSpec, nodes: list[gangs.Node], now: float
+    ) -> list[Statement]:
+        """Statements that place every node of a gang (lock held)."""
+        head = await self._core.fleet.get(nodes[0].worker.id)
+        address = head.info.get("address") or head.hostname
+        port = gangs.pick_port(address, gangs.busy_ports(await self._core.store.active_tasks()))
+        return gangs.place(now, job, spec, nodes, address, port, new_id)
+
+    # ------------------------------------------------------------- explain
+
+    async def explain(self, job: JobRecord) -> Placement:
+        """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
+        core = self._core
+        views = await core.fleet.views()
+        if job.state != JobState.queued:
+            names = {w.id: w.name for w in views}
+            return placed_report(job.model(await core.store.tasks_of_job(job.id), names))
+        spec = core.spec(job)
+        return gangs.waiting(await self.waiting(spec.resources, job.id, views), spec)
+
+    async def waiting(self, res: Resources, job_id: str, views: list[WorkerView]) -> Placement:
+        """Per worker, whether a queued job needing ``res`` fits now and why not."""
+        usage = await self.usage() if views else {}
+        return waiting_report(res, job_id, JobState.queued, views, usage)
+
+    async def usage(self) -> dict[str, Usage]:
+        """What every worker has committed to active tasks (cells of a session run in
+        their session's slot and GPUs, so they are not counted)."""
+        cells = self._sessions.open_cells
+        active = [t for t in await self._core.store.active_tasks() if t.job_id not in cells]
+        return defaultdict(Usage, usage_by_worker(active))
+
+
+async def _no_jobs() -> AsyncIterator[JobRecord]:
+    """An empty queue (no worker has a free slot)."""
+    empty: list[JobRecord] = []
+    for job in empty:
+        yield job

@@ -1,0 +1,55 @@
+"""The embedded store: SQL and typed records live here and nowhere else.
+
+:class:`Store` is one aiosqlite connection (``db.py``) with the queries of each
+concern mixed in: jobs and tasks (``jobs.py``), task outputs (log lines and
+metric points, ``outputs.py``), workers (``workers.py``) and tokens
+(``tokens.py``). Reads answer frozen records (``records.py``); the statements that
+change jobs and tasks are built in ``writes.py`` for :mod:`jupyter_ext.transitions`
+and run by :meth:`Store.apply` in one transaction. The schema and its migrations are in
+``schema.py``.
+"""
+
+from .jobs import JobQueries
+from .outputs import OutputQueries
+from .records import (
+    ACTIVE_STATES,
+    ArtifactRecord,
+    EventRecord,
+    JobRecord,
+    MetricRecord,
+    ResultRecord,
+    TaskRecord,
+    TokenRecord,
+    WorkerRecord,
+    as_datetime,
+    as_optional_datetime,
+)
+from .schema import SCHEMA_VERSION
+from .tokens import TokenQueries
+from .workers import WorkerQueries
+from .writes import Statement
+
+__all__ = [
+    "ACTIVE_STATES",
+    "SCHEMA_VERSION",
+    "ArtifactRecord",
+    "EventRecord",
+    "JobRecord",
+    "MetricRecord",
+    "ResultRecord",
+    "Statement",
+    "Store",
+    "TaskRecord",
+    "TokenRecord",
+    "WorkerRecord",
+    "as_datetime",
+    "as_optional_datetime",
+]
+
+
+class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries):
+    """Async access to the gpulayer database.
+
+    Methods are small and named for what the services need; each write commits
+    before it returns, and batched writes (log lines) use one transaction.
+    """

@@ -1,0 +1,140 @@
+"""The connection: one SQLite file in WAL mode behind one aiosqlite connection.
+
+One long-lived connection is the single writer; aiosqlite runs its calls in order
+on its own thread, so handlers never block the event loop. All SQL is
+parameterized; rows keep times as UNIX seconds (REAL).
+"""
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from gpulayer.errors import Conflict
+
+from .schema import MIGRATIONS, SCHEMA_VERSION
+from .writes import Statement
+
+T = TypeVar("T")
+
+
+class Database:
+    """Lifecycle, migrations and the read/write primitives the query mixins use."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._db: aiosqlite.Connection | None = None
+        # One connection means one transaction at a time: coroutines take turns.
+        self._tx = asyncio.Lock()
+
+    async def open(self: "D") -> "D":
+        """Open (creating or migrating) the database file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(self.path, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+            await db.execute(f"PRAGMA {pragma}")
+        await db.execute("PRAGMA busy_timeout=5000")
+        self._db = db
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        """The open connection."""
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    async def schema_version(self) -> int:
+        """The file's ``PRAGMA user_version``."""
+        row = await self._one("PRAGMA user_version")
+        return int(row[0]) if row else 0
+
+    async def _migrate(self) -> None:
+        version = await self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {version}; this gpulayer knows up to"
+                f" {SCHEMA_VERSION}. Upgrade gpulayer or use another --data-dir."
+            )
+        for step in range(version, SCHEMA_VERSION):
+            await self.db.executescript(
+                "BEGIN;" + MIGRATIONS[step] + f"PRAGMA user_version={step + 1};COMMIT;"
+            )
+
+    async def apply(self, statements: Sequence[Statement]) -> None:
+        """Run prepared statements (from :mod:`jupyter_ext.transitions`) in one transaction."""
+        await self._write(statements)
+
+    # ------------------------------------------------------------ primitives
+
+    async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        rows = await self.db.execute_fetchall(sql, params)
+        return next(iter(rows), None)
+
+    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        return list(await self.db.execute_fetchall(sql, params))
+
+    async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on aiosqlite's thread in one hand-off.
+
+        A transaction of n statements through the public API costs n + 2 thread
+        round trips, each a pair of context switches; this costs one
+        (docs/adr/0013). It uses aiosqlite's ``_execute`` and ``_conn``, the
+        primitives every public method is built on.
+        """
+        db = self.db
+        conn = db._conn
+        result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
+        return result
+
+    async def _write(self, statements: Iterable[Statement]) -> None:
+        """Run several statements in one transaction."""
+        stmts = list(statements)
+
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                for sql, params in stmts:
+                    conn.execute(sql, params)
+
+        async with self._tx:
+            await self._in_thread(run)
+
+
+D = TypeVar("D", bound=Database)
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any error; a constraint error is a
+    :class:`~gpulayer.errors.Conflict` (runs on aiosqlite's thread)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except sqlite3.IntegrityError as e:
+        conn.execute("ROLLBACK")
+        raise Conflict(f"conflicts with stored data: {e}") from e
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def marks(values: Sequence[Any]) -> str:
+    """``?, ?, ?`` for an ``IN (...)`` list of ``values``."""
+    return ",".join("?" * len(values))

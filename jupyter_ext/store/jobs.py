@@ -1,0 +1,157 @@
+"""Reads of jobs, tasks, events, results and artifacts (their writes are
+:mod:`~jupyter_ext.store.writes` statements, built by the transitions)."""
+
+from collections.abc import AsyncIterator, Sequence
+
+from gpulayer.contracts import JobState
+
+from .db import Database, marks
+from .records import ArtifactRecord, EventRecord, JobRecord, ResultRecord, TaskRecord
+from .writes import insert
+
+_ACTIVE = "('scheduled', 'running')"
+
+
+class JobQueries(Database):
+    """Jobs and what hangs off them."""
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        """One job by id."""
+        row = await self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return None if row is None else JobRecord.from_row(row)
+
+    async def jobs_by_ids(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The jobs among ``job_ids`` that exist."""
+        sql = f"SELECT * FROM jobs WHERE id IN ({marks(job_ids)})"
+        return [JobRecord.from_row(r) for r in await self._all(sql, job_ids)]
+
+    async def list_jobs(
+        self, state: JobState | None, limit: int, owner: str | None = None
+    ) -> list[JobRecord]:
+        """Jobs newest first, optionally of one state and of one owner."""
+        where = [(c, v) for c, v in (("state", state), ("owner", owner)) if v is not None]
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(f"{c} = ?" for c, _ in where)
+        rows = await self._all(sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit))
+        return [JobRecord.from_row(r) for r in rows]
+
+    async def queued_jobs(self, page: int = 500) -> AsyncIterator[JobRecord]:
+        """Queued jobs in placement order (priority, then submission), ``page`` rows
+        at a time, so a pass that stops early reads only what it looked at."""
+        last: tuple[int, int] | None = None
+        while True:
+            if last is None:
+                rows = await self._all(
+                    "SELECT * FROM jobs WHERE state = 'queued'"
+                    " ORDER BY priority DESC, seq ASC LIMIT ?",
+                    (page,),
+                )
+            else:
+                rows = await self._all(
+                    "SELECT * FROM jobs WHERE state = 'queued' AND (priority < ?"
+                    " OR (priority = ? AND seq > ?)) ORDER BY priority DESC, seq ASC LIMIT ?",
+                    (last[0], last[0], last[1], page),
+                )
+            for row in rows:
+                yield JobRecord.from_row(row)
+            if len(rows) < page:
+                return
+            last = (rows[-1]["priority"], rows[-1]["seq"])
+
+    async def any_queued(self) -> bool:
+        """Whether some job waits for placement (one index lookup)."""
+        return await self._one("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1") is not None
+
+    async def count_jobs(self, states: Sequence[JobState]) -> int:
+        """How many jobs are in any of ``states``."""
+        sql = f"SELECT COUNT(*) FROM jobs WHERE state IN ({marks(states)})"
+        row = await self._one(sql, [s.value for s in states])
+        return int(row[0]) if row else 0
+
+    async def active_kernel_jobs(self) -> list[JobRecord]:
+        """Sessions and cells in a session that have not ended, oldest first."""
+        rows = await self._all(
+            "SELECT * FROM jobs WHERE state IN ('queued', 'scheduled', 'running')"
+            " AND (json_extract(spec, '$.kind') = 'session'"
+            " OR json_extract(spec, '$.cell.session') IS NOT NULL) ORDER BY seq"
+        )
+        return [JobRecord.from_row(r) for r in rows]
+
+    # ---------------------------------------------------------------- tasks
+
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        """One task by id."""
+        row = await self._one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+        return None if row is None else TaskRecord.from_row(row)
+
+    async def tasks_of_job(self, job_id: str) -> list[TaskRecord]:
+        """A job's tasks, oldest attempt first."""
+        sql = "SELECT * FROM tasks WHERE job_id = ? ORDER BY attempt"
+        return [TaskRecord.from_row(r) for r in await self._all(sql, (job_id,))]
+
+    async def active_tasks(self, worker_id: str | None = None) -> list[TaskRecord]:
+        """Tasks that hold resources (scheduled or running), optionally of one worker."""
+        if worker_id is None:
+            rows = await self._all(f"SELECT * FROM tasks WHERE state IN {_ACTIVE}")
+        else:
+            sql = f"SELECT * FROM tasks WHERE worker_id = ? AND state IN {_ACTIVE}"
+            rows = await self._all(sql, (worker_id,))
+        return [TaskRecord.from_row(r) for r in rows]
+
+    async def expired_leases(self, now: float) -> list[TaskRecord]:
+        """Running tasks whose lease ran out."""
+        sql = "SELECT * FROM tasks WHERE state = 'running' AND lease_expires < ?"
+        return [TaskRecord.from_row(r) for r in await self._all(sql, (now,))]
+
+    async def renew_leases(self, worker_id: str, task_ids: Sequence[str], until: float) -> None:
+        """Extend the leases of a worker's running tasks."""
+        if not task_ids:
+            return
+        sql = (
+            "UPDATE tasks SET lease_expires = ? WHERE worker_id = ?"
+            f" AND state = 'running' AND id IN ({marks(task_ids)})"
+        )
+        await self._write([(sql, (until, worker_id, *task_ids))])
+
+    async def extend_all_leases(self, until: float) -> None:
+        """After a restart: give every running task time for its worker to return."""
+        await self._write(
+            [("UPDATE tasks SET lease_expires = ? WHERE state = 'running'", (until,))]
+        )
+
+    # ------------------------------------------------ events, results, files
+
+    async def events_of_job(self, job_id: str) -> list[EventRecord]:
+        """A job's events, oldest first."""
+        sql = "SELECT * FROM events WHERE job_id = ? ORDER BY seq"
+        return [EventRecord.from_row(r) for r in await self._all(sql, (job_id,))]
+
+    async def result(self, job_id: str) -> ResultRecord | None:
+        """A job's stored result."""
+        row = await self._one("SELECT * FROM results WHERE job_id = ?", (job_id,))
+        return None if row is None else ResultRecord.from_row(row)
+
+    async def results(self, job_ids: Sequence[str]) -> dict[str, ResultRecord]:
+        """Results of several jobs, by job id."""
+        sql = f"SELECT * FROM results WHERE job_id IN ({marks(job_ids)})"
+        return {r["job_id"]: ResultRecord.from_row(r) for r in await self._all(sql, job_ids)}
+
+    async def put_artifact(self, art: ArtifactRecord) -> None:
+        """Record (or replace) a job's artifact."""
+        row = {
+            "job_id": art.job_id, "name": art.name, "sha256": art.sha256, "size": art.size,
+            "created_at": art.created_at,
+        }  # fmt: skip
+        await self._write([insert("artifacts", row, replace=True)])
+
+    async def artifacts_of_job(self, job_id: str) -> list[ArtifactRecord]:
+        """A job's artifacts by name."""
+        sql = "SELECT * FROM artifacts WHERE job_id = ? ORDER BY name"
+        return [ArtifactRecord.from_row(r) for r in await self._all(sql, (job_id,))]
+
+    async def get_artifact(self, job_id: str, name: str) -> ArtifactRecord | None:
+        """One artifact of a job."""
+        sql = "SELECT * FROM artifacts WHERE job_id = ? AND name = ?"
+        row = await self._one(sql, (job_id, name))
+        return None if row is None else ArtifactRecord.from_row(row)

@@ -1,0 +1,119 @@
+"""Task outputs, log lines and training metric points: batched appends and paged reads.
+
+A batch carries the task-local number of its first line (or point), so a batch a
+worker sends twice is stored once; each batch is one transaction.
+"""
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from gpulayer.contracts import TERMINAL_STATES, LogLine, LogPage
+
+from .db import Database, transaction
+from .records import MetricRecord, as_datetime
+
+
+class OutputQueries(Database):
+    """The ``logs`` and ``metrics`` tables: what tasks output."""
+
+    async def append_logs(
+        self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[Any, ...]]
+    ) -> int:
+        """Store the lines of a batch the task does not have yet.
+
+        ``lines`` are ``(stream, ts, text)`` or ``(stream, ts, text, rank)``; the first
+        is line ``first_seq`` of the task. Returns the task's new line count.
+        """
+
+        def run(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+                jrow = conn.execute("SELECT log_count FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                assert trow is not None and jrow is not None
+                have, offset = int(trow[0]), int(jrow[0])
+                fresh = lines[max(0, have - first_seq) :] if first_seq <= have else []
+                if fresh:
+                    conn.executemany(
+                        "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
+                            for i, line in enumerate(fresh)
+                        ],
+                    )
+                    conn.execute(
+                        "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                    )
+                    conn.execute(
+                        "UPDATE jobs SET log_count = ? WHERE id = ?", (offset + len(fresh), job_id)
+                    )
+                return have + len(fresh)
+
+        async with self._tx:
+            return await self._in_thread(run)
+
+    async def log_page(self, job_id: str, offset: int, limit: int) -> LogPage:
+        """Lines of a job from ``offset``, and whether the job's output is complete."""
+        rows = await self._all(
+            "SELECT * FROM logs WHERE job_id = ? AND offset >= ? ORDER BY offset LIMIT ?",
+            (job_id, offset, limit),
+        )
+        job = await self._one("SELECT state, log_count FROM jobs WHERE id = ?", (job_id,))
+        assert job is not None
+        nxt = offset + len(rows)
+        lines = [
+            LogLine(
+                offset=r["offset"],
+                stream=r["stream"],
+                ts=as_datetime(r["ts"]),
+                text=r["text"],
+                task_id=r["task_id"],
+                rank=r["rank"],
+            )
+            for r in rows
+        ]
+        complete = job["state"] in TERMINAL_STATES and nxt >= job["log_count"]
+        return LogPage(lines=lines, next_offset=nxt, complete=complete)
+
+    async def append_metrics(
+        self, task_id: str, job_id: str, first_seq: int, points: Sequence[tuple[Any, ...]]
+    ) -> int:
+        """Store the points of a batch the task does not have yet (as :meth:`append_logs`).
+
+        ``points`` are ``(rank, step, epoch, ts, metrics_json)``; returns the task's
+        new point count.
+        """
+
+        def run(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                trow = conn.execute(
+                    "SELECT metric_seq FROM tasks WHERE id = ?", (task_id,)
+                ).fetchone()
+                assert trow is not None
+                have = int(trow[0])
+                fresh = points[max(0, have - first_seq) :] if first_seq <= have else []
+                if fresh:
+                    last = conn.execute(
+                        "SELECT COALESCE(MAX(seq), 0) FROM metrics WHERE job_id = ?", (job_id,)
+                    ).fetchone()[0]
+                    conn.executemany(
+                        "INSERT INTO metrics (job_id, seq, task_id, rank, step, epoch, ts,"
+                        " metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(job_id, last + 1 + i, task_id, *p) for i, p in enumerate(fresh)],
+                    )
+                    conn.execute(
+                        "UPDATE tasks SET metric_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                    )
+                return have + len(fresh)
+
+        async with self._tx:
+            return await self._in_thread(run)
+
+    async def read_metrics(self, job_id: str, after: int, limit: int) -> list[MetricRecord]:
+        """Up to ``limit`` metric points of a job with ``seq`` above ``after``."""
+        rows = await self._all(
+            "SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (job_id, after, limit),
+        )
+        return [MetricRecord.from_row(r) for r in rows]

@@ -1,0 +1,138 @@
+"""The database schema and its migrations.
+
+The schema version lives in ``PRAGMA user_version``; :meth:`Store.open` migrates an
+older file in place, step by step (``MIGRATIONS[n]`` moves version ``n`` to ``n + 1``).
+"""
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          TEXT NOT NULL UNIQUE,
+    spec        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    reason      TEXT,
+    owner       TEXT NOT NULL,
+    priority    INTEGER NOT NULL DEFAULT 0,
+    exit_code   INTEGER,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    worker_id   TEXT,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    started_at  REAL,
+    ended_at    REAL,
+    log_count   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
+CREATE TABLE IF NOT EXISTS tasks (
+    id               TEXT PRIMARY KEY,
+    job_id           TEXT NOT NULL REFERENCES jobs (id),
+    attempt          INTEGER NOT NULL,
+    state            TEXT NOT NULL,
+    worker_id        TEXT,
+    gpu_indices      TEXT NOT NULL DEFAULT '[]',
+    exit_code        INTEGER,
+    reason           TEXT,
+    created_at       REAL NOT NULL,
+    started_at       REAL,
+    ended_at         REAL,
+    lease_expires    REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    log_seq          INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks (job_id, attempt);
+CREATE INDEX IF NOT EXISTS tasks_by_worker ON tasks (worker_id, state);
+CREATE TABLE IF NOT EXISTS events (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id   TEXT NOT NULL,
+    task_id  TEXT,
+    ts       REAL NOT NULL,
+    state    TEXT NOT NULL,
+    reason   TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, seq);
+CREATE TABLE IF NOT EXISTS logs (
+    job_id   TEXT NOT NULL,
+    offset   INTEGER NOT NULL,
+    task_id  TEXT,
+    stream   TEXT NOT NULL,
+    ts       REAL NOT NULL,
+    text     TEXT NOT NULL,
+    PRIMARY KEY (job_id, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS artifacts (
+    job_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    sha256     TEXT NOT NULL,
+    size       INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (job_id, name)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    id              TEXT PRIMARY KEY,
+    name            TEXT NOT NULL UNIQUE,
+    hostname        TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    info            TEXT NOT NULL,
+    registered_at   REAL NOT NULL,
+    last_heartbeat  REAL,
+    cpu_percent     REAL,
+    memory_used     INTEGER
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    hash        TEXT NOT NULL UNIQUE,
+    created_at  REAL NOT NULL,
+    expires_at  REAL,
+    revoked_at  REAL,
+    worker_id   TEXT
+);
+"""
+
+# v2: a drained worker stays draining across heartbeats and re-registrations.
+_SCHEMA_V2 = """
+ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;
+"""
+
+# v3: single-use join tokens (consumed by the one registration they allow).
+_SCHEMA_V3 = """
+ALTER TABLE tokens ADD COLUMN single_use INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tokens ADD COLUMN used_at REAL;
+CREATE INDEX IF NOT EXISTS tokens_by_name ON tokens (name);
+"""
+
+# v4: what function jobs returned (pickled outcomes), inline or as a blob.
+_SCHEMA_V4 = """
+CREATE TABLE IF NOT EXISTS results (
+    job_id      TEXT PRIMARY KEY REFERENCES jobs(id),
+    task_id     TEXT NOT NULL,
+    inline      BLOB,
+    sha256      TEXT,
+    size        INTEGER NOT NULL
+);
+"""
+
+# v5: distributed jobs (a task's node and rendezvous, a log line's rank) and the
+# training metrics their tasks ship.
+_SCHEMA_V5 = """
+ALTER TABLE tasks ADD COLUMN node_rank INTEGER;
+ALTER TABLE tasks ADD COLUMN gang TEXT;
+ALTER TABLE tasks ADD COLUMN metric_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE logs ADD COLUMN rank INTEGER;
+CREATE TABLE IF NOT EXISTS metrics (
+    job_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    task_id  TEXT,
+    rank     INTEGER,
+    step     INTEGER,
+    epoch    INTEGER,
+    ts       REAL NOT NULL,
+    metrics  TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+"""
+
+#: Index n holds the script that moves a database from version n to n + 1.
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
+SCHEMA_VERSION = len(MIGRATIONS)

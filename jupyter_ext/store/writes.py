@@ -1,0 +1,119 @@
+"""The statements that change jobs, tasks, events and results.
+
+Only :mod:`jupyter_ext.transitions` builds the ones that change a state (it
+checks each change against the state machine first); the task intake builds
+:func:`put_result`. The services hand the lists to :meth:`Store.apply`, which runs
+them in one transaction. A :data:`Statement` is opaque outside the store.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+Statement = tuple[str, Sequence[Any]]
+
+
+def insert(table: str, row: dict[str, Any], *, replace: bool = False) -> Statement:
+    """An INSERT statement for ``row`` (dict and list values are stored as JSON)."""
+    cols = list(row)
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    sql = f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    values = [json.dumps(v) if isinstance(v, dict | list) else v for v in row.values()]
+    return sql, values
+
+
+def insert_job(
+    job_id: str, spec_json: str, owner: str, priority: int, reason: str, now: float
+) -> Statement:
+    """A new ``queued`` job."""
+    row = {
+        "id": job_id, "spec": spec_json, "state": "queued", "reason": reason, "owner": owner,
+        "priority": priority, "created_at": now, "updated_at": now,
+    }  # fmt: skip
+    return insert("jobs", row)
+
+
+def insert_event(
+    job_id: str, task_id: str | None, ts: float, state: str, reason: str | None
+) -> Statement:
+    """An ``events`` row."""
+    return (
+        "INSERT INTO events (job_id, task_id, ts, state, reason) VALUES (?, ?, ?, ?, ?)",
+        (job_id, task_id, ts, state, reason),
+    )
+
+
+def insert_task(
+    task_id: str,
+    job_id: str,
+    attempt: int,
+    worker_id: str,
+    gpus: Sequence[int],
+    now: float,
+    node_rank: int | None = None,
+    gang_json: str | None = None,
+) -> Statement:
+    """A new ``scheduled`` task."""
+    return (
+        "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices, created_at,"
+        " node_rank, gang) VALUES (?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)",
+        (task_id, job_id, attempt, worker_id, json.dumps(list(gpus)), now, node_rank, gang_json),
+    )
+
+
+def set_job_attempt(job_id: str, attempts: int, worker_id: str | None) -> Statement:
+    """A job's attempt count and (head) worker."""
+    return "UPDATE jobs SET attempts = ?, worker_id = ? WHERE id = ?", (attempts, worker_id, job_id)
+
+
+def set_job_state(
+    job_id: str,
+    state: str,
+    reason: str | None,
+    now: float,
+    *,
+    started: bool = False,
+    ended: bool = False,
+    exit_code: int | None = None,
+) -> Statement:
+    """A job's new state (and start or end time)."""
+    sets = ["state = ?", "reason = ?", "updated_at = ?"]
+    params: list[Any] = [state, reason, now]
+    if started:
+        sets.append("started_at = COALESCE(started_at, ?)")
+        params.append(now)
+    if ended:
+        sets += ["ended_at = ?", "exit_code = ?"]
+        params += [now, exit_code]
+    return f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job_id)
+
+
+def set_task_running(task_id: str, now: float, lease_expires: float) -> Statement:
+    """A task its worker picked up."""
+    return (
+        "UPDATE tasks SET state = 'running', started_at = ?, lease_expires = ? WHERE id = ?",
+        (now, lease_expires, task_id),
+    )
+
+
+def set_task_ended(
+    task_id: str, state: str, exit_code: int | None, reason: str | None, now: float
+) -> Statement:
+    """A task's end."""
+    return (
+        "UPDATE tasks SET state = ?, exit_code = ?, reason = ?, ended_at = ? WHERE id = ?",
+        (state, exit_code, reason, now, task_id),
+    )
+
+
+def set_cancel_requested(task_id: str) -> Statement:
+    """Flag a running task to be cancelled by its worker."""
+    return "UPDATE tasks SET cancel_requested = 1 WHERE id = ?", (task_id,)
+
+
+def put_result(
+    job_id: str, task_id: str, inline: bytes | None, sha256: str | None, size: int
+) -> Statement:
+    """Keep a job's result (the latest attempt's wins)."""
+    row = {"job_id": job_id, "task_id": task_id, "inline": inline, "sha256": sha256, "size": size}
+    return insert("results", row, replace=True)

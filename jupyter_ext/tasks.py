@@ -1,0 +1,144 @@
+"""Task intake: what workers report about their tasks (logs, artifacts, results, ends).
+
+Every method takes the reporting principal; ``access.own_task`` admits a worker
+token only for tasks placed on its own worker. A completion decides the job's end
+or its retry (through ``Core.finish`` and so ``transitions.py``) and is
+idempotent: one for a task that already ended answers the stored task.
+"""
+
+import logging
+
+from gpulayer.contracts import (
+    Artifact,
+    BlobRef,
+    JobKind,
+    JobState,
+    LogAck,
+    LogBatch,
+    Task,
+    TaskCompletion,
+    WorkerState,
+)
+from gpulayer.errors import Conflict, NotFound, ValidationError
+
+from . import access
+from .auth import Principal
+from .core import Core
+from .placer import Placer
+from .sessions import Sessions
+from .store import ArtifactRecord, Statement, TaskRecord
+from .store.writes import put_result
+from .streams import logs_key
+
+log = logging.getLogger("gpulayer.tasks")
+
+
+class Tasks:
+    """Take in what workers report about their tasks."""
+
+    def __init__(self, core: Core, sessions: Sessions, placer: Placer) -> None:
+        self._core = core
+        self._sessions = sessions
+        self._placer = placer
+
+    async def reporting(self, reporter: Principal | None, task_id: str) -> TaskRecord:
+        """The task, if ``reporter`` may report on it."""
+        return access.own_task(reporter, await self._core.task(task_id))
+
+    async def open_task(self, reporter: Principal | None, task_id: str, what: str) -> TaskRecord:
+        """:meth:`reporting` for a task that has not ended (:class:`Conflict` once it has)."""
+        task = await self.reporting(reporter, task_id)
+        if task.ended:
+            closed = f"; its {what} are closed" if what else ""
+            raise Conflict(f"task {task_id} already {task.state}{closed}")
+        return task
+
+    async def append_logs(
+        self, reporter: Principal | None, task_id: str, batch: LogBatch
+    ) -> LogAck:
+        """Store a worker's log batch (lines it already sent are ignored)."""
+        task = await self.open_task(reporter, task_id, "logs")
+        lines = [(e.stream.value, e.ts.timestamp(), e.text, e.rank) for e in batch.lines]
+        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines)
+        self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
+        self._core.notifier.notify(logs_key(task.job_id))
+        return LogAck(next_seq=n)
+
+    async def add_artifact(
+        self, reporter: Principal | None, task_id: str, name: str, data: bytes
+    ) -> Artifact:
+        """Store a file a task produced under its job."""
+        task = await self.reporting(reporter, task_id)
+        sha, size = await self._core.blobs.put(data)
+        art = ArtifactRecord(task.job_id, name, sha, size, self._core.clock())
+        await self._core.store.put_artifact(art)
+        return art.model()
+
+    async def add_result(self, reporter: Principal | None, task_id: str, data: bytes) -> BlobRef:
+        """Keep a function task's large result as a blob (its completion names it)."""
+        await self.open_task(reporter, task_id, "")
+        sha, size = await self._core.blobs.put(data)
+        return BlobRef(sha256=sha, size=size)
+
+    async def blob(self, reader: Principal | None, sha256: str) -> bytes:
+        """A stored blob (a bundle, payload or pushed variables) for a worker's task."""
+        await access.may_read_blob(self._core.store, reader, sha256)
+        if not self._core.blobs.exists(sha256):
+            raise NotFound(f"no blob {sha256!r}")
+        return await self._core.blobs.read(sha256)
+
+    async def complete(
+        self, reporter: Principal | None, task_id: str, done: TaskCompletion
+    ) -> Task:
+        """A worker reports a task's end; decides the job's end or its retry."""
+        core = self._core
+        task = await self.reporting(reporter, task_id)
+        if not task.ended:
+            async with core.lock:
+                task = await core.task(task_id)
+                if not task.ended:
+                    await core.store.apply(await self._ending(task, done))
+            log.info("task %s %s", task_id, done.state)
+            await self._sessions.job_ended(task.job_id)
+            if done.state == JobState.lost and task.worker_id:
+                # The worker gave the task up because it is going away: place nothing
+                # more there (its next heartbeat, if any, brings it back).
+                await core.store.set_worker_state(task.worker_id, WorkerState.offline)
+            core.notify_job(task.job_id)
+            await self._placer.schedule()
+        return (await core.task(task_id)).model()
+
+    async def _ending(self, task: TaskRecord, done: TaskCompletion) -> list[Statement]:
+        """Statements that record ``done`` for ``task`` (lock held)."""
+        reason = done.reason
+        if task.cancel_requested and (
+            done.state == JobState.cancelled or await self._is_session(task.job_id)
+        ):
+            reason = await self._cancel_reason(task) or reason  # how it was ended
+        state = JobState(done.state)
+        stmts = await self._core.finish(task, state, done.exit_code, reason, retry=done.retry)
+        if done.result is not None or done.result_blob is not None:
+            stmts.append(self._result(task, done))
+        return stmts
+
+    async def _is_session(self, job_id: str) -> bool:
+        return self._core.spec(await self._core.job(job_id)).kind == JobKind.session
+
+    async def _cancel_reason(self, task: TaskRecord) -> str | None:
+        """The reason the user gave when cancelling ``task`` (e.g. "cancelled by ada")."""
+        for e in reversed(await self._core.store.events_of_job(task.job_id)):
+            if e.task_id == task.id and e.state == "cancel_requested":
+                return e.reason
+        return None
+
+    def _result(self, task: TaskRecord, done: TaskCompletion) -> Statement:
+        if done.result is not None:
+            return put_result(task.job_id, task.id, done.result, None, len(done.result))
+        assert done.result_blob is not None
+        if not self._core.blobs.exists(done.result_blob):
+            raise ValidationError(
+                f"result {done.result_blob} was not uploaded (PUT tasks/{{id}}/result first)",
+                field="result_blob",
+            )
+        size = self._core.blobs.path(done.result_blob).stat().st_size
+        return put_result(task.job_id, task.id, None, done.result_blob, size)

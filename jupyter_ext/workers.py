@@ -1,0 +1,239 @@
+"""The worker service: register, heartbeat, acquire, drain, and the fleet's reads.
+
+Worker states: ``ready`` (heartbeating) → ``unhealthy`` (missed three heartbeats)
+→ ``offline`` (silent for a whole lease); a heartbeat brings it back (to ``ready``,
+or to ``draining`` when it was drained: it finishes its tasks and takes no new
+ones). The lease sweep (``leases.py``) moves workers down; this service brings
+them back. Workers call out to the control plane, never the other way: an
+acquire long poll hands them assignments, cancels and interrupts.
+"""
+
+import logging
+from collections.abc import Sequence
+
+from gpulayer.contracts import (
+    Acquired,
+    Assignment,
+    Heartbeat,
+    HeartbeatReply,
+    JobKind,
+    JobState,
+    Registered,
+    Telemetry,
+    Worker,
+    WorkerRegistration,
+    WorkerState,
+)
+from gpulayer.errors import Conflict
+
+from . import access, gangs
+from .auth import Principal, TokenService
+from .core import Core, new_id
+from .placer import Placer
+from .store import Statement, TaskRecord, WorkerRecord
+from .streams import worker_key
+from .transitions import started
+
+log = logging.getLogger("gpulayer.workers")
+
+#: Registration fields kept as the worker's ``info``.
+_INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python", "address"}
+_CONNECTED = (WorkerState.ready, WorkerState.draining)
+
+
+class Workers:
+    """Admit workers, hear their heartbeats, hand them work."""
+
+    def __init__(self, core: Core, placer: Placer, tokens: TokenService) -> None:
+        self._core = core
+        self._placer = placer
+        self._tokens = tokens
+
+    async def all(self) -> list[Worker]:
+        """Every known worker with its running tasks and latest readings."""
+        return await self._core.fleet.workers()
+
+    async def telemetry(self, name: str) -> Telemetry:
+        """A worker's recent heartbeat readings."""
+        return await self._core.fleet.telemetry(name)
+
+    async def rearm_cancels(self, worker_id: str | None = None) -> None:
+        """Queue again the cancels of running tasks not confirmed yet (after a
+        restart, or when a worker registers again)."""
+        for t in await self._core.store.active_tasks(worker_id):
+            if t.cancel_requested and t.state == JobState.running and t.worker_id:
+                self._core.mailbox.cancel(t.worker_id, t.id)
+
+    # ------------------------------------------------------------ register
+
+    async def register(self, reg: WorkerRegistration) -> Registered:
+        """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
+        core = self._core
+        now = core.clock()
+        async with core.lock:
+            existing = await core.store.worker_by_name(reg.name)
+            self._refuse_duplicate(reg, existing, now)
+            worker_id = existing.id if existing is not None else new_id()
+            draining = existing is not None and existing.draining
+            await core.store.upsert_worker(
+                WorkerRecord(
+                    id=worker_id,
+                    name=reg.name,
+                    hostname=reg.hostname,
+                    state=WorkerState.draining if draining else WorkerState.ready,
+                    info_json=reg.model_dump_json(include=_INFO),
+                    registered_at=existing.registered_at if existing else now,
+                    last_heartbeat=now,
+                    cpu_percent=None,
+                    memory_used=None,
+                    draining=draining,
+                )
+            )
+            await self._tokens.revoke_worker(worker_id)
+            token = await self._tokens.create(f"worker:{reg.name}", "worker", worker_id=worker_id)
+            kill = await self._reconcile(worker_id, reg.running_tasks, now, grace=0.0)
+            await self.rearm_cancels(worker_id)
+        log.info("worker %s (%s) registered", reg.name, worker_id)
+        await self._placer.schedule()
+        return Registered(
+            worker_id=worker_id,
+            token=token,
+            heartbeat_seconds=core.settings.heartbeat_seconds,
+            lease_seconds=core.settings.lease_seconds,
+            kill_tasks=kill,
+        )
+
+    def _refuse_duplicate(
+        self, reg: WorkerRegistration, existing: WorkerRecord | None, now: float
+    ) -> None:
+        """Refuse a name that a worker on another host is connected with."""
+        recent = now - 3 * self._core.settings.heartbeat_seconds
+        if (
+            existing is not None
+            and existing.hostname != reg.hostname
+            and existing.state in _CONNECTED
+            and (existing.last_heartbeat or 0) > recent
+        ):
+            raise Conflict(
+                f"a worker named {reg.name!r} is connected from {existing.hostname};"
+                " pick another --name",
+                field="name",
+            )
+
+    # ----------------------------------------------------------- heartbeat
+
+    async def heartbeat(
+        self, worker_id: str, hb: Heartbeat, reporter: Principal | None = None
+    ) -> HeartbeatReply:
+        """Record a heartbeat, renew leases, and say which tasks to kill."""
+        access.own_worker(reporter, worker_id)
+        core = self._core
+        now = core.clock()
+        row = await core.fleet.get(worker_id)
+        came_back = row.state in (WorkerState.unhealthy, WorkerState.offline)
+        await core.store.heartbeat(worker_id, now, hb.cpu_percent, hb.memory_used_bytes)
+        core.fleet.record(worker_id, now, hb)
+        grace = 2 * core.settings.heartbeat_seconds
+        async with core.lock:
+            kill = await self._reconcile(worker_id, hb.running_tasks, now, grace=grace)
+            # Cancels that an acquire answer may have lost on the way are sent again.
+            listed = set(hb.running_tasks)
+            cancel = sorted(
+                t.id
+                for t in await core.store.active_tasks(worker_id)
+                if t.cancel_requested and t.id in listed
+            )
+        if came_back:
+            log.info("worker %s is back", row.name)
+            await self._placer.schedule()
+        return HeartbeatReply(kill_tasks=kill, cancel=cancel)
+
+    async def _reconcile(
+        self, worker_id: str, reported: Sequence[str], now: float, grace: float
+    ) -> list[str]:
+        """Compare what a worker says it runs with the store (lock held).
+
+        Returns the reported tasks the control plane no longer runs there (to kill);
+        running tasks the worker no longer reports, picked up more than ``grace`` s
+        ago, end as lost (or retry).
+        """
+        core = self._core
+        mine = {
+            t.id: t for t in await core.store.active_tasks(worker_id) if t.state == JobState.running
+        }
+        listed = set(reported)
+        kill = sorted(listed - set(mine))
+        until = now + core.settings.lease_seconds
+        await core.store.renew_leases(worker_id, sorted(listed & set(mine)), until)
+        stmts: list[Statement] = []
+        for tid, t in mine.items():
+            if tid not in listed and (t.started_at or 0) < now - grace:
+                why = "the worker no longer runs it"
+                stmts += await core.finish(t, JobState.lost, None, why)
+        if stmts:
+            await core.store.apply(stmts)
+            for tid in mine.keys() - listed:
+                core.notify_job(mine[tid].job_id)
+        return kill
+
+    # ------------------------------------------------------------- acquire
+
+    async def acquire(
+        self, worker_id: str, wait: float, reporter: Principal | None = None
+    ) -> Acquired | None:
+        """New assignments and cancels for a worker; waits up to ``wait`` s for some."""
+        access.own_worker(reporter, worker_id)
+        core = self._core
+        await core.fleet.get(worker_id)
+        got = await core.notifier.wait_for(
+            worker_key(worker_id), lambda: self._take(worker_id), wait
+        )
+        if got is not None and any(a.spec.kind == JobKind.session for a in got.assignments):
+            await self._placer.schedule()  # the session runs now: place the cells waiting for it
+        return got
+
+    async def _take(self, worker_id: str) -> Acquired | None:
+        """Start the worker's scheduled tasks and collect its cancels and interrupts."""
+        core = self._core
+        async with core.lock:
+            cancels = core.mailbox.cancels(worker_id)
+            interrupts = core.mailbox.take_interrupts(worker_id)
+            scheduled = [
+                t for t in await core.store.active_tasks(worker_id) if t.state == JobState.scheduled
+            ]
+            if not scheduled and not cancels and not interrupts:
+                return None
+            stmts: list[Statement] = []
+            out = [await self._start(t, stmts) for t in scheduled]
+            await core.store.apply(stmts)
+            core.mailbox.delivered(worker_id, cancels)  # only once stored
+        for a in out:
+            core.notify_job(a.job_id)
+        return Acquired(assignments=out, cancel=cancels, interrupt=interrupts)
+
+    async def _start(self, task: TaskRecord, stmts: list[Statement]) -> Assignment:
+        """Add the statements that start ``task`` to ``stmts``; its assignment."""
+        core = self._core
+        now = core.clock()
+        job = await core.job(task.job_id)
+        core.instruments.dispatch_latency.observe(max(0.0, now - task.created_at))
+        stmts += started(now, job, task, now + core.settings.lease_seconds)
+        return Assignment(
+            task_id=task.id,
+            job_id=task.job_id,
+            attempt=task.attempt,
+            spec=core.spec(job).model_copy(),
+            gpu_indices=list(task.gpu_indices),
+            gang=gangs.gang_of(task),
+        )
+
+    # --------------------------------------------------------------- drain
+
+    async def drain(self, name: str, draining: bool = True) -> Worker:
+        """Let a worker finish its tasks and take no new ones (or take them again)."""
+        row = await self._core.store.find_worker(name)
+        await self._core.store.set_draining(row.id, draining)
+        log.info("worker %s %s", row.name, "draining" if draining else "resumed")
+        if not draining:
+            await self._placer.schedule()
+        return next(w for w in await self.all() if w.id == row.id)
