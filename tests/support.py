@@ -48,7 +48,7 @@ async def until_async(
 
 async def until_long_polls(jp_serverapp: Any, n: int = 1, timeout: float = 10.0) -> None:
     """Until ``n`` long polls (acquire, wait, logs) are open on the test server."""
-    notifier = jp_serverapp.web_app.settings["gpulayer"].notifier
+    notifier = jp_serverapp.web_app.settings["gpulayer"].running.plane.notifier
     await until_async(lambda: notifier.waiting() >= n, timeout, f"{n} open long poll(s)")
 
 

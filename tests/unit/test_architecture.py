@@ -3,6 +3,7 @@
 * no import cycle between modules of ``gpulayer`` and ``jupyter_ext``;
 * the control plane's layers: handlers -> services -> store, nothing upward, and no
   service or store module touches the web framework;
+* handlers never import the store, and SQL and the database driver live only in it;
 * no module uses another module's private (``_x``) names.
 
 What counts as an import: every ``import``/``from ... import`` statement, each of one
@@ -10,8 +11,8 @@ kind: ``module`` (runs on import), ``function`` (inside a function: runs on call
 ``type`` (under ``if TYPE_CHECKING:``). The cycle check counts the kinds in
 :data:`CYCLE_KINDS`, all three today: a function-level import that closes a loop is
 still two modules that need each other (it only hides the loop from the interpreter),
-and a type-only one is still a dependency of the design (``scheduler`` <->
-``sessions`` is such a loop). The layer and private-name checks count every import.
+and a type-only one is still a dependency of the design (the old ``scheduler`` <->
+``sessions`` was such a loop). The layer and private-name checks count every import.
 Dynamic imports (``importlib.import_module``) are not seen. ``from pkg import name``
 depends on ``pkg.name`` when that is a module, else on ``pkg``.
 
@@ -42,8 +43,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
 #: Checked in this order (the most specific patterns first).
 MATCH_ORDER = ("handlers", "store", "services")
 ROOTS = ("jupyter_ext", "jupyter_ext.app", "jupyter_ext.__main__")
-#: Modules only handlers (and roots) may import: the web framework.
-WEB_MODULES = ("tornado.web", "jupyter_server.base", "jupyter_server.extension.handler")
+#: Modules only handlers (and roots) may import: the web framework and its config.
+WEB_MODULES = ("tornado", "jupyter_server", "jupyter_core", "traitlets")
+#: Only the store may hold SQL or open the database.
+SQL_PREFIXES = ("SELECT ", "UPDATE ", "INSERT ", "DELETE FROM")
+DB_MODULES = ("sqlite3", "aiosqlite")
 
 #: The import kinds (see the module docstring) the cycle check follows.
 CYCLE_KINDS = frozenset({"module", "function", "type"})
@@ -61,7 +65,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
         "gpulayer.pytorch.progress",
         "gpulayer.pytorch.trainer",
     ),
-    ("jupyter_ext.scheduler", "jupyter_ext.sessions"),  # sessions -> scheduler: type-only
 }
 #: Upward imports today, as "importer -> imported".
 KNOWN_LAYER_VIOLATIONS: set[str] = set()
@@ -75,11 +78,6 @@ KNOWN_PRIVATE_USES: set[str] = {
     "gpulayer.token_cli: gpulayer.cli._table",
     "gpulayer.token_cli: gpulayer.cli._when",
     "gpulayer.widgets: gpulayer.progress._in_notebook",
-    "jupyter_ext.sessions: jupyter_ext.scheduler._current_task",
-    "jupyter_ext.sessions: jupyter_ext.scheduler._place",
-    "jupyter_ext.sessions: jupyter_ext.scheduler._worker_names",
-    "jupyter_ext.training: jupyter_ext.scheduler._job_row",
-    "jupyter_ext.training: jupyter_ext.scheduler._own_task",
 }
 
 
@@ -285,17 +283,34 @@ def test_control_plane_layers_only_import_downward():
     assert not gone, f"fixed, remove from KNOWN_LAYER_VIOLATIONS: {gone}"
 
 
+def test_handlers_reach_the_store_only_through_services():
+    for m in MODULES:
+        if layer_of(m) == "handlers":
+            found = {i.target for i in imports(m)}
+            assert not {t for t in found if layer_of(t) == "store"}, m
+
+
+def test_sql_and_the_database_driver_live_only_in_the_store():
+    for m, path in MODULES.items():
+        if layer_of(m) == "store":
+            continue
+        assert not {i.target for i in imports(m)} & set(DB_MODULES), m
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not node.value.lstrip().startswith(SQL_PREFIXES), (m, node.value[:40])
+
+
 def test_every_layer_has_modules():
     layers = {layer_of(m) for m in MODULES}
     assert {"handlers", "services", "store"} <= layers, layers
-    assert layer_of("jupyter_ext.api.jobs") == layer_of("jupyter_ext.worker_handlers") == "handlers"
+    assert layer_of("jupyter_ext.api.jobs") == layer_of("jupyter_ext.api") == "handlers"
     assert layer_of("jupyter_ext.store.records") == layer_of("jupyter_ext.store") == "store"
-    assert layer_of("jupyter_ext.scheduler") == "services" and layer_of("jupyter_ext.app") is None
+    assert layer_of("jupyter_ext.jobs") == "services" and layer_of("jupyter_ext.app") is None
 
 
 def test_import_kinds_are_told_apart():
-    kinds = {(i.target, i.kind) for i in imports("jupyter_ext.sessions")}
-    assert ("jupyter_ext.scheduler", "type") in kinds and ("jupyter_ext.store", "module") in kinds
+    kinds = {(i.target, i.kind) for i in imports("jupyter_ext.prometheus")}
+    assert ("jupyter_ext.store", "type") in kinds
     kinds = {(i.target, i.kind) for i in imports("gpulayer.client")}
     assert ("gpulayer.widgets", "function") in kinds
 
