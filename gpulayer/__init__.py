@@ -36,16 +36,16 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Connection": "gpulayer.client",
-    "Job": "gpulayer.client",
-    "connect": "gpulayer.client",
-    "current_connection": "gpulayer.client",
-    "submit": "gpulayer.client",
-    "remote": "gpulayer.remote_functions",
-    "RemoteFunction": "gpulayer.remote_functions",
-    "Call": "gpulayer.remote_functions",
-    "wait": "gpulayer.remote_functions",
-    "as_completed": "gpulayer.remote_functions",
+    "Connection": "gpulayer.client.connection",
+    "Job": "gpulayer.client.jobs",
+    "connect": "gpulayer.client.default",
+    "current_connection": "gpulayer.client.default",
+    "submit": "gpulayer.client.jobs",
+    "remote": "gpulayer.functions",
+    "RemoteFunction": "gpulayer.functions",
+    "Call": "gpulayer.functions",
+    "wait": "gpulayer.functions",
+    "as_completed": "gpulayer.functions",
 }
 
 

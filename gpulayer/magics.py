@@ -197,7 +197,7 @@ class GpulayerMagics(Magics):
         resources: dict[str, Any],
     ) -> Any:
         """``%%gpulayer --nodes``: the cell as a distributed function of its source."""
-        from gpulayer.remote_functions import remote
+        from gpulayer.functions import remote
         from gpulayer.worker.rank_call import run_source
 
         gang = {
@@ -357,7 +357,7 @@ def _print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 def load(ipython: Any) -> None:
     """Register the magics and connect without ceremony where that is possible."""
     ipython.register_magics(GpulayerMagics)
-    if client._default is not None:
+    if client.default_connection() is not None:
         return
     parent = config.jupyter_parent()
     if parent is not None:

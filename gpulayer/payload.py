@@ -66,7 +66,7 @@ def pack(kind: Kind, obj: Any, *, what: str = "the call") -> bytes:
     """
     with _register_lock, _local_modules_by_value():
         try:
-            body = cloudpickle.dumps(obj, protocol=5)
+            body: bytes = cloudpickle.dumps(obj, protocol=5)
         except Exception as e:  # pickling runs arbitrary __reduce__ code: any error
             raise PayloadError(
                 f"cannot send {what}: {type(e).__name__}: {e}. Objects such as open files,"
@@ -138,7 +138,11 @@ def check_python(theirs: str, *, here: str) -> None:
 # --------------------------------------------------------------------- calls
 
 
-def pack_calls(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> bytes:
+#: The arguments of one call: ``(args, kwargs)``.
+CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def pack_calls(fn: Callable[..., Any], calls: Iterable[CallArgs]) -> bytes:
     """A payload for calling ``fn`` once per ``(args, kwargs)`` in ``calls``."""
     name = getattr(fn, "__qualname__", repr(fn))
     return pack("calls", (fn, list(calls)), what=f"a call of {name}()")
