@@ -52,7 +52,7 @@ _LAZY = {
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpulayer``: the ``%%gpulayer`` and ``%gpulayer`` magics (imported
     only now, so ``import gpulayer`` stays free of IPython)."""
-    from gpulayer import magics
+    from gpulayer.notebook import magics
 
     magics.load(ipython)
 

@@ -92,9 +92,9 @@ class Connection:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         """The workers table in a notebook, a one-line status elsewhere."""
-        from gpulayer import widgets
+        from gpulayer.notebook import render  # IPython only where a display asks for it
 
-        return widgets.connection_bundle(self, include, exclude)
+        return render.connection_bundle(self, include, exclude)
 
     def __enter__(self) -> Self:
         return self

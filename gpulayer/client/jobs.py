@@ -134,10 +134,11 @@ class Job:
         return self.connection.download(self.id, dest, names)
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        """A live :class:`~gpulayer.widgets.JobMonitor` in a notebook, a summary elsewhere."""
-        from gpulayer import widgets
+        """A live :class:`~gpulayer.notebook.widgets.JobMonitor` in a notebook, a summary
+        elsewhere."""
+        from gpulayer.notebook import render  # IPython only where a display asks for it
 
-        return widgets.job_bundle(self, include, exclude)
+        return render.job_bundle(self, include, exclude)
 
     def __repr__(self) -> str:
         short = self.id if len(self.id) <= 8 else self.id[:6] + "…"

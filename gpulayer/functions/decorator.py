@@ -39,7 +39,7 @@ from gpulayer.client.default import current_connection
 from gpulayer.functions.calls import Call
 from gpulayer.functions.checks import check_python, slots
 from gpulayer.functions.mapping import MapRun
-from gpulayer.progress import Progress
+from gpulayer.notebook.progress import Progress
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,7 +10,7 @@ from gpulayer import contracts, errors
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
 from gpulayer.functions.tracebacks import exception, outcomes
-from gpulayer.progress import Progress
+from gpulayer.notebook.progress import Progress
 
 if TYPE_CHECKING:
     from gpulayer.functions.decorator import RemoteFunction
