@@ -8,15 +8,17 @@ the model's. :func:`argument` derives a command-line flag (type, choices,
 default, help) from the same fields, for the CLI and the magics.
 """
 
-import argparse
 import typing
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors
+
+if TYPE_CHECKING:
+    import argparse  # only the command line parses flags; `import gpulayer.client` stays light
 
 #: What one task needs (every field of ``Resources``).
 RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
@@ -144,6 +146,8 @@ def job_spec(options: Mapping[str, Any], *, by_presence: bool = False, **fields:
 
 def key_value(text: str) -> tuple[str, str]:
     """An argparse type: ``KEY=VALUE``."""
+    import argparse
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
@@ -152,6 +156,8 @@ def key_value(text: str) -> tuple[str, str]:
 
 def duration(text: str) -> float:
     """An argparse type: seconds or ``90s``, ``10m``, ``2h``."""
+    import argparse
+
     try:
         return contracts.parse_duration(text)
     except ValueError as e:
@@ -204,7 +210,7 @@ def argument(name: str, flag: str | None = None, **override: Any) -> tuple[str, 
     return flag, {k: v for k, v in kwargs.items() if v is not None}
 
 
-def given(args: argparse.Namespace, names: typing.Iterable[str]) -> dict[str, Any]:
+def given(args: "argparse.Namespace", names: typing.Iterable[str]) -> dict[str, Any]:
     """The options ``names`` parsed into ``args`` (``K=V`` lists as dicts)."""
     return {
         n: dict(getattr(args, n)) if n in _MAPPINGS else getattr(args, n)

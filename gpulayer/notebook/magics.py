@@ -102,7 +102,7 @@ class GpulayerMagics(Magics):
     @_option("launcher", default=None, help="distributed: how ranks start")
     @cell_magic
     def gpulayer(self, line: str, cell: str) -> Any:
-        """Run the cell in a remote kernel (see ``gpulayer.magics``)."""
+        """Run the cell in a remote kernel (see ``gpulayer.notebook.magics``)."""
         args = parse_argstring(self.gpulayer, line)
         return self._run_cell(args, cell)
 
@@ -195,7 +195,7 @@ class GpulayerMagics(Magics):
     @argument("--fingerprint", help="with connect: the server certificate's sha256")
     @line_magic("gpulayer")  # type: ignore[arg-type]  # IPython types line_magic(name) as a union
     def gpulayer_line(self, line: str) -> Any:
-        """Manage gpulayer from a notebook (see ``gpulayer.magics``)."""
+        """Manage gpulayer from a notebook (see ``gpulayer.notebook.magics``)."""
         args = parse_argstring(self.gpulayer_line, line)
         return commands.run(args.command, args)
 

@@ -12,10 +12,9 @@
 
 State lives in traits (``state``, ``worker``, ``gpus``, ``elapsed``,
 ``pending_reasons``, ``log_tail``, ``ranks``, ``metric_names``, ``workers``,
-``done``); the child widgets
-render it. :func:`job_bundle` and :func:`connection_bundle` are what
-``Job._repr_mimebundle_`` and ``Connection._repr_mimebundle_`` answer: the
-widget in a notebook, a plain-text summary anywhere else.
+``done``); the child widgets render it; charts come from
+:mod:`gpulayer.notebook.charts`. :mod:`gpulayer.notebook.render` shows them as
+the reprs of ``Job`` and ``Connection`` in a notebook.
 
 Imported lazily (by displays and magics), never by ``import gpulayer``.
 """
