@@ -16,64 +16,51 @@ It owns its processes and nothing else: no atexit hooks, no signal handlers.
 process it started, by PID, workers first.
 """
 
-import contextlib
 import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import httpx
 
 from gpulayer import contracts, tls
+from gpulayer.cli.processes import (
+    DEFAULT_PORT,
+    STOP_GRACE_SECONDS,
+    exited,
+    free_port,
+    is_loopback,
+    log_tail,
+    preferred_port,
+    reap,
+    signal_if_running,
+    spawn,
+)
 from gpulayer.client import Connection
 from gpulayer.errors import GpulayerError
 
 log = logging.getLogger(__name__)
 
 START_DEADLINE_SECONDS = 60.0
-STOP_GRACE_SECONDS = 10.0
-DEFAULT_PORT = 8765
 _POLL_SECONDS = 0.05
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def preferred_port(host: str = "127.0.0.1", preferred: int = DEFAULT_PORT) -> int:
-    """``preferred`` when it is free on ``host`` (so URLs stay the same across
-    restarts), else any free port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, preferred))
-        except OSError:
-            return free_port(host)
-    return preferred
-
-
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach."""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of a log file ('' when it does not exist)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+__all__ = [
+    "DEFAULT_PORT",
+    "START_DEADLINE_SECONDS",
+    "STOP_GRACE_SECONDS",
+    "LocalCluster",
+    "free_port",
+    "is_loopback",
+    "log_tail",
+    "preferred_port",
+]
 
 
 class LocalCluster:
@@ -257,20 +244,20 @@ class LocalCluster:
         procs = list(self._workers.values())
         self._workers.clear()
         for proc in procs:
-            _signal(proc, signal.SIGTERM)
+            signal_if_running(proc, signal.SIGTERM)
         for proc in procs:
-            _reap(proc)
+            reap(proc)
         if self._server is not None:
             server, self._server = self._server, None
-            _signal(server, signal.SIGTERM)
-            _reap(server)
+            signal_if_running(server, signal.SIGTERM)
+            reap(server)
 
     def restart_control_plane(self) -> None:
         """Stop only the control plane and start it again (same port, same data dir)."""
         if self._server is not None:
             server, self._server = self._server, None
-            _signal(server, signal.SIGTERM)
-            _reap(server)
+            signal_if_running(server, signal.SIGTERM)
+            reap(server)
         self._start_control_plane()
 
     def check(self) -> None:
@@ -283,7 +270,7 @@ class LocalCluster:
         """
         if self._server is None or self._server.poll() is not None:
             code = None if self._server is None else self._server.returncode
-            raise GpulayerError(self._exited("the control plane", code, self.log_path()))
+            raise GpulayerError(exited("the control plane", code, self.log_path()))
 
     # -------------------------------------------------------------- workers
 
@@ -318,8 +305,8 @@ class LocalCluster:
     def stop_worker(self, name: str, sig: int = signal.SIGTERM) -> int | None:
         """Send ``sig`` to the local worker ``name`` and reap it; returns its exit code."""
         proc = self._workers.pop(name)
-        _signal(proc, sig)
-        _reap(proc)
+        signal_if_running(proc, sig)
+        reap(proc)
         return proc.returncode
 
     def wait_for_workers(
@@ -339,7 +326,7 @@ class LocalCluster:
                     proc = self._workers.get(name)
                     if proc is not None and proc.poll() is not None:
                         raise GpulayerError(
-                            self._exited(f"worker {name}", proc.returncode, self.log_path(name))
+                            exited(f"worker {name}", proc.returncode, self.log_path(name))
                         )
                 ready = {w.name: w for w in conn.workers() if w.state == "ready"}
                 if all(n in ready for n in names):
@@ -378,7 +365,9 @@ class LocalCluster:
         gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
         if gpus is not None:
             extra["GPULAYER_SIMULATED_GPUS"] = gpus
-        self._workers[name] = self._spawn(argv, self.log_path(name), extra)
+        self._workers[name] = spawn(
+            argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir
+        )
         return name
 
     def _control_plane_argv(self) -> list[str]:
@@ -404,7 +393,9 @@ class LocalCluster:
     def _start_control_plane(self) -> None:
         # Jupyter's own token in the environment (JUPYTER_TOKEN), not on the command line.
         env = {"JUPYTER_TOKEN": self.jupyter_token}
-        self._server = self._spawn(self._control_plane_argv(), self.log_path(), env)
+        self._server = spawn(
+            self._control_plane_argv(), self.log_path(), {**self.env, **env}, cwd=self.data_dir
+        )
         self._wait_healthy()
         # The control plane writes both tokens before health answers.
         try:
@@ -424,7 +415,7 @@ class LocalCluster:
             while True:
                 if self._server.poll() is not None:
                     raise GpulayerError(
-                        self._exited("the control plane", self._server.returncode, self.log_path())
+                        exited("the control plane", self._server.returncode, self.log_path())
                     )
                 try:
                     if http.get(url).status_code == 200:
@@ -437,48 +428,3 @@ class LocalCluster:
                         f"{START_DEADLINE_SECONDS:g}s; its log ends:\n{log_tail(self.log_path())}"
                     )
                 time.sleep(_POLL_SECONDS)
-
-    def _spawn(
-        self, argv: list[str], log_file: Path, extra_env: Mapping[str, str]
-    ) -> "subprocess.Popen[bytes]":
-        env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1"}
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with log_file.open("ab") as out:
-            # A new session: a Ctrl-C in the terminal reaches only the parent,
-            # which stops the children in order (workers before the server).
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
-        log.debug("started %s (pid %s), log %s", argv[2:4], proc.pid, log_file)
-        return proc
-
-    @staticmethod
-    def _exited(what: str, code: Any, log_file: Path) -> str:
-        tail = log_tail(log_file)
-        if not tail:
-            return f"{what} exited (code {code}) without output; see {log_file}"
-        return f"{what} exited (code {code}); {log_file} ends:\n{tail}"
-
-
-def _signal(proc: "subprocess.Popen[bytes]", sig: int) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):  # exited in between
-            proc.send_signal(sig)
-
-
-def _reap(proc: "subprocess.Popen[bytes]") -> None:
-    """Wait for ``proc``; SIGKILL its process group when it does not exit in time."""
-    try:
-        proc.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        log.warning("pid %s did not stop within %ss; killing it", proc.pid, STOP_GRACE_SECONDS)
-        # Its own session (start_new_session): the group holds only what it started.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
