@@ -16,7 +16,13 @@ IPython and ipywidgets only where a feature needs them.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` loads them on first use
+    from gpulayer.client.connection import Connection
+    from gpulayer.client.default import connect, current_connection
+    from gpulayer.client.jobs import Job, submit
+    from gpulayer.functions import Call, RemoteFunction, as_completed, remote, wait
 
 __version__ = "0.1.0"
 

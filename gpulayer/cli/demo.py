@@ -62,7 +62,7 @@ def step_live_output(conn: "gl.Connection") -> bool:
         _show(line.text)
     job.wait(timeout=30)
     print(f"-> {job!r}")
-    return bool(job.state == "succeeded" and job.exit_code == 0)
+    return job.state == "succeeded" and job.exit_code == 0
 
 
 def step_workdir(conn: "gl.Connection", scratch: Path) -> bool:
@@ -94,7 +94,7 @@ def step_failure(conn: "gl.Connection") -> bool:
     for text in job.logs():
         _show(text)
     print(f"-> {job!r}")
-    return bool(job.state == "failed" and job.exit_code == 3)
+    return job.state == "failed" and job.exit_code == 3
 
 
 def step_cancel(conn: "gl.Connection") -> bool:
@@ -108,7 +108,7 @@ def step_cancel(conn: "gl.Connection") -> bool:
     print(f"cancelling {job.id} while it is {job.status}")
     job.cancel().wait(timeout=30)
     print(f"-> {job!r}")
-    return bool(job.state == "cancelled")
+    return job.state == "cancelled"
 
 
 TRAIN = """\
