@@ -136,7 +136,7 @@ def cell_spec(
         else:
             cell["push_blob"] = conn.upload_blob(data).sha256
     specs.check(resources, specs.RESOURCE_OPTIONS, "a cell")
-    spec: contracts.JobSpec = specs.validated(
+    return specs.validated(
         contracts.JobSpec,
         kind="cell",
         name=name,
@@ -144,7 +144,6 @@ def cell_spec(
         timeout=timeout,
         resources=specs.resources(resources) if session is None else {},
     )
-    return spec
 
 
 def submit(conn: Connection, source: str, **options: Any) -> "RemoteCell":

@@ -229,7 +229,7 @@ def submit(
     """
     specs.check(options, _SUBMIT_OPTIONS, "gl.submit")
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
-    spec: contracts.JobSpec = specs.job_spec(options, **program)
+    spec = specs.job_spec(options, **program)
     data = bundle.pack(workdir) if workdir is not None else None
     conn = connection if connection is not None else current_connection()
     if data is not None:

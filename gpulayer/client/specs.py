@@ -10,7 +10,7 @@ default, help) from the same fields, for the CLI and the magics.
 
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -27,6 +27,7 @@ JOB_OPTIONS: tuple[str, ...] = ("name", "env", "labels", "priority", "timeout", 
 #: A distributed job (a gang of ``nodes`` x ``nproc_per_node``).
 GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
 
+_M = TypeVar("_M", bound=BaseModel)
 _RESOURCE_DEFAULTS = {k: contracts.Resources.model_fields[k].default for k in ("gpus", "cpus")}
 _MAPPINGS = frozenset({"selector", "env", "labels"})
 
@@ -122,7 +123,7 @@ def job_fields(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validated(model: type[BaseModel], **fields: Any) -> Any:
+def validated(model: type[_M], **fields: Any) -> _M:
     """``model(**fields)``, a malformed field raised as a gpulayer ``ValidationError``."""
     try:
         return model(**fields)
@@ -130,7 +131,9 @@ def validated(model: type[BaseModel], **fields: Any) -> Any:
         raise pydantic_to_gpulayer(e) from e
 
 
-def job_spec(options: Mapping[str, Any], *, by_presence: bool = False, **fields: Any) -> Any:
+def job_spec(
+    options: Mapping[str, Any], *, by_presence: bool = False, **fields: Any
+) -> contracts.JobSpec:
     """The ``JobSpec`` of ``fields`` (the program, the kind) and ``options``; gang
     options make it ``distributed`` whatever kind ``fields`` gives."""
     return validated(

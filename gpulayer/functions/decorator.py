@@ -233,19 +233,14 @@ class RemoteFunction(Generic[P, R]):
         return conn if conn is not None else current_connection()
 
     def _base_spec(self) -> contracts.JobSpec:
-        o = self._options
-        spec: contracts.JobSpec = specs.job_spec(
-            {
-                **o,
-                "name": o.get("name")
-                or self._name()[:128].replace("<", "").replace(">", "")
-                or None,
-            },
+        """The job every call starts from (its payload a placeholder)."""
+        name = self._options.get("name") or self._name()[:128].replace("<", "").replace(">", "")
+        return specs.job_spec(
+            {**self._options, "name": name or None},
             by_presence=True,
             kind=contracts.JobKind.function,
             function={"format": payload.FORMAT, "python": payload.PYTHON, "payload": b"-"},
         )
-        return spec
 
     def spec_for(self, calls: list[payload.CallArgs], conn: Connection) -> contracts.JobSpec:
         """The job of one payload: inline when small, else uploaded first."""
