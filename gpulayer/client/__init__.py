@@ -6,6 +6,7 @@
 * :mod:`~gpulayer.client.specs`: the one list of job and resource options
 * :mod:`~gpulayer.client.jobs`: ``gl.submit`` and the :class:`Job` handle
 * :mod:`~gpulayer.client.logs`: reading a job's stored output
+* :mod:`~gpulayer.client.artifacts`: downloading a job's artifacts below a folder
 * :mod:`~gpulayer.client.cells`: cells in remote kernels (behind ``%%gpulayer``)
 * :mod:`~gpulayer.client.variables`: variables moved to and from remote kernels
 """

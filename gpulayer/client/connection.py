@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls
+from gpulayer.client import artifacts
 from gpulayer.client.specs import pydantic_to_gpulayer
 
 #: Longer than the server's 30 s long-poll hold, so a hold never reads as a timeout.
@@ -366,22 +367,7 @@ class Connection:
         ValidationError
             If an artifact name would land outside ``dest_dir``.
         """
-        root = Path(dest_dir).resolve()
-        available = [a.name for a in self.artifacts(job_id)]
-        if names is None:
-            wanted = available
-        else:
-            missing = sorted(set(names) - set(available))
-            if missing:
-                raise errors.NotFound(f"job {job_id} has no artifact {', '.join(missing)}")
-            wanted = list(names)
-        targets = [(name, _inside(root, name)) for name in wanted]
-        written = []
-        for name, target in targets:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(self.download_artifact(job_id, name))
-            written.append(target)
-        return written
+        return artifacts.download(self, job_id, dest_dir, names)
 
     def upload_blob(self, data: bytes) -> contracts.BlobRef:
         """``POST blobs``: store raw bytes (a bundle) by sha256."""
@@ -425,12 +411,3 @@ class Connection:
 def _seg(value: str) -> str:
     """One URL path segment (ids never contain ``/``; quote anyway)."""
     return quote(str(value), safe="")
-
-
-def _inside(root: Path, name: str) -> Path:
-    target = (root / name).resolve()
-    if name.startswith("/") or not target.is_relative_to(root) or target == root:
-        raise errors.ValidationError(
-            f"artifact name {name!r} would be written outside {root}", field="name"
-        )
-    return target
