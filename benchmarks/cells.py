@@ -11,7 +11,7 @@ ipyparallel (the peer)
     One engine of a local ``ipyparallel.Cluster``; ``view.execute(code, block=True)``.
 gpulayer, warm session
     A ``LocalCluster`` (control plane + one worker) and a session started
-    before measuring; each sample is :func:`gpulayer.cells.submit` on the
+    before measuring; each sample is :func:`gpulayer.client.cells.submit` on the
     session, following its relayed messages until the kernel's reply: the path
     ``%%gpulayer --session`` takes, minus IPython rendering.
 
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import gpulayer
-from gpulayer import cells
-from gpulayer.cluster import LocalCluster
+from gpulayer.cli.cluster import LocalCluster
+from gpulayer.client import cells
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cells.json"

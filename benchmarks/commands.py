@@ -1,6 +1,6 @@
 """Command-job benchmarks: idle latency and burst throughput of trivial jobs.
 
-Starts a :class:`~gpulayer.cluster.LocalCluster` in a temporary directory for
+Starts a :class:`~gpulayer.cli.cluster.LocalCluster` in a temporary directory for
 each worker count and measures, through the public client API only:
 
 idle latency
@@ -51,8 +51,8 @@ from typing import Any
 
 import gpulayer
 from gpulayer import contracts
+from gpulayer.cli.cluster import LocalCluster
 from gpulayer.client import Connection, Job, submit
-from gpulayer.cluster import LocalCluster
 from gpulayer.errors import GpulayerError
 
 ROOT = Path(__file__).resolve().parent.parent

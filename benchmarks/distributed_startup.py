@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import gpulayer as gl
-from gpulayer.cluster import LocalCluster
+from gpulayer.cli.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

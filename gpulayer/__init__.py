@@ -16,7 +16,13 @@ IPython and ipywidgets only where a feature needs them.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` loads them on first use
+    from gpulayer.client.connection import Connection
+    from gpulayer.client.default import connect, current_connection
+    from gpulayer.client.jobs import Job, submit
+    from gpulayer.functions import Call, RemoteFunction, as_completed, remote, wait
 
 __version__ = "0.1.0"
 
@@ -36,23 +42,23 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Connection": "gpulayer.client",
-    "Job": "gpulayer.client",
-    "connect": "gpulayer.client",
-    "current_connection": "gpulayer.client",
-    "submit": "gpulayer.client",
-    "remote": "gpulayer.remote_functions",
-    "RemoteFunction": "gpulayer.remote_functions",
-    "Call": "gpulayer.remote_functions",
-    "wait": "gpulayer.remote_functions",
-    "as_completed": "gpulayer.remote_functions",
+    "Connection": "gpulayer.client.connection",
+    "Job": "gpulayer.client.jobs",
+    "connect": "gpulayer.client.default",
+    "current_connection": "gpulayer.client.default",
+    "submit": "gpulayer.client.jobs",
+    "remote": "gpulayer.functions",
+    "RemoteFunction": "gpulayer.functions",
+    "Call": "gpulayer.functions",
+    "wait": "gpulayer.functions",
+    "as_completed": "gpulayer.functions",
 }
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpulayer``: the ``%%gpulayer`` and ``%gpulayer`` magics (imported
     only now, so ``import gpulayer`` stays free of IPython)."""
-    from gpulayer import magics
+    from gpulayer.notebook import magics
 
     magics.load(ipython)
 

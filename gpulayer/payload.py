@@ -138,9 +138,11 @@ def check_python(theirs: str, *, here: str) -> None:
 # --------------------------------------------------------------------- calls
 
 
-def pack_calls(
-    fn: Callable[..., Any], calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
-) -> bytes:
+#: The arguments of one call: ``(args, kwargs)``.
+CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def pack_calls(fn: Callable[..., Any], calls: Iterable[CallArgs]) -> bytes:
     """A payload for calling ``fn`` once per ``(args, kwargs)`` in ``calls``."""
     name = getattr(fn, "__qualname__", repr(fn))
     return pack("calls", (fn, list(calls)), what=f"a call of {name}()")

@@ -25,7 +25,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     global _cluster, _tmp
     if _cluster is not None:
         return
-    from gpulayer.cluster import LocalCluster
+    from gpulayer.cli.cluster import LocalCluster
 
     _tmp = tempfile.TemporaryDirectory(prefix="gpulayer-notebooks-")
     _cluster = LocalCluster(Path(_tmp.name), workers=1, slots=4, simulated_gpus="2xA100-80GB",

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from gpulayer import cli, client, contracts
-from gpulayer.cluster import free_port
+from gpulayer.cli.cluster import free_port
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpulayer import client, config, contracts, errors
+from gpulayer import client, contracts, errors
+from gpulayer.client import config
 
 URL = "http://lab.example:8888/a%40b/"
 API = "http://lab.example:8888/a%40b/gpulayer/api/v1/"

@@ -12,7 +12,9 @@ from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
-from gpulayer import cells, client, contracts, errors, variables
+from gpulayer import client, contracts, errors
+from gpulayer.client import cells, variables
+from gpulayer.client.default import set_default
 
 URL = "http://lab.example:8888/"
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -92,17 +94,19 @@ def ip():
 
 
 @pytest.fixture
-def plane(monkeypatch):
+def plane():
     made: list[FakePlane] = []
+    previous = client.default_connection()
 
     def make(*messages: str, **kw) -> FakePlane:
         fake = FakePlane(list(messages), **kw)
         conn = client.Connection(URL, "gl_x", transport=httpx.MockTransport(fake))
-        monkeypatch.setattr(client, "_default", conn)
+        set_default(conn)
         made.append(fake)
         return fake
 
-    return make
+    yield make
+    set_default(previous)
 
 
 def test_output_streams_in_order_and_rich_output_renders(ip, plane, capsys):

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gpulayer import client, contracts
-from gpulayer.jobs import Job
+from gpulayer.client.jobs import Job
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -47,7 +47,7 @@ def updates(sent, widget) -> list[dict]:
 
 
 def test_job_monitor_shows_state_reasons_tail_and_end(recording):
-    from gpulayer.widgets import JobMonitor
+    from gpulayer.notebook.widgets import JobMonitor
 
     queued = info(pending_reasons=["gpu-box-1: needs 2 × GPU, has 1 free"])
     mon = JobMonitor(Job(conn_for(lambda r: None), queued))
@@ -84,7 +84,7 @@ def test_job_monitor_shows_state_reasons_tail_and_end(recording):
 
 
 def test_cancel_button_cancels_the_job():
-    from gpulayer.widgets import JobMonitor
+    from gpulayer.notebook.widgets import JobMonitor
 
     seen = []
 
@@ -101,7 +101,7 @@ def test_cancel_button_cancels_the_job():
 
 
 def test_follow_updates_until_the_job_ends():
-    from gpulayer.widgets import JobMonitor
+    from gpulayer.notebook.widgets import JobMonitor
 
     relayed = contracts.KernelMessage(msg_type="stream", content={"text": "hi\n"})
     calls = {"logs": 0}
@@ -124,7 +124,7 @@ def test_follow_updates_until_the_job_ends():
 
 
 def test_workers_table_and_jobs_progress():
-    from gpulayer.widgets import JobsProgress, WorkersTable
+    from gpulayer.notebook.widgets import JobsProgress, WorkersTable
 
     dev = contracts.Device(index=0, kind="cuda", name="A100", memory_bytes=80 << 30)
     worker = contracts.Worker(
@@ -164,7 +164,7 @@ def point(seq, step, rank, **metrics) -> contracts.StoredMetricPoint:
 
 
 def test_a_gang_monitor_filters_the_log_by_rank_and_charts_metrics_per_rank(recording):
-    from gpulayer.widgets import JobMonitor
+    from gpulayer.notebook.widgets import JobMonitor
 
     spec = contracts.JobSpec(kind="distributed", command=["python", "t.py"], nodes=2)
     mon = JobMonitor(Job(conn_for(lambda r: None), info("running", spec=spec)))
@@ -209,7 +209,7 @@ def test_a_gang_monitor_filters_the_log_by_rank_and_charts_metrics_per_rank(reco
 
 
 def test_follow_fetches_the_metrics_of_a_training_job():
-    from gpulayer.widgets import JobMonitor
+    from gpulayer.notebook.widgets import JobMonitor
 
     spec = contracts.JobSpec(command=["python", "train.py"])
     served = {"logs": 0}

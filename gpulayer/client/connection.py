@@ -1,6 +1,6 @@
-"""The sync Python client of the gpulayer control plane (kernel side and CLI).
+""":class:`Connection`: the sync HTTP client of one gpulayer control plane.
 
-:class:`Connection` is the REST protocol of ``docs/api.md`` over one
+It is the REST protocol of ``docs/api.md`` over one
 ``httpx.Client``: one method per route, answers parsed into
 :mod:`gpulayer.contracts` models, and every failure mapped once (in
 ``Connection._request``) onto :mod:`gpulayer.errors`:
@@ -11,11 +11,10 @@
 * any other unexpected answer → :class:`~gpulayer.errors.ApiError` with method,
   URL and status.
 
-:class:`Job` is the handle users hold; :func:`connect` and :func:`submit` are
-the module-level API behind ``import gpulayer as gl``.
+(:class:`~gpulayer.client.jobs.Job` is the handle users hold;
+:mod:`gpulayer.client.default` keeps the process's default connection.)
 """
 
-import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,10 +27,9 @@ import httpx
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from gpulayer import bundle, config, contracts, errors, tls
-from gpulayer.jobs import Job
-
-log = logging.getLogger(__name__)
+from gpulayer import contracts, errors, tls
+from gpulayer.client import artifacts
+from gpulayer.client.specs import pydantic_to_gpulayer
 
 #: Longer than the server's 30 s long-poll hold, so a hold never reads as a timeout.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=45.0, write=60.0, pool=5.0)
@@ -39,18 +37,6 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=45.0, write=60.0, pool=5.0)
 LONG_POLL_SECONDS = 30.0
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-def pydantic_to_gpulayer(e: PydanticValidationError) -> errors.ValidationError:
-    """A gpulayer ``ValidationError`` naming the first offending field of ``e``."""
-    first = e.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or None
-    msg = first["msg"].removeprefix("Value error, ")
-    more = e.error_count() - 1
-    text = f"{field}: {msg}" if field else msg
-    if more:
-        text += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return errors.ValidationError(text, field=field)
 
 
 class Connection:
@@ -105,11 +91,11 @@ class Connection:
     def __repr__(self) -> str:
         return f"<gpulayer.Connection {self.url}>"
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         """The workers table in a notebook, a one-line status elsewhere."""
-        from gpulayer import widgets
+        from gpulayer.notebook import render  # IPython only where a display asks for it
 
-        return widgets.connection_bundle(self, include, exclude)
+        return render.connection_bundle(self, include, exclude)
 
     def __enter__(self) -> Self:
         return self
@@ -322,11 +308,12 @@ class Connection:
             return contracts.LogPage(lines=[], next_offset=offset, complete=False)
         return self._parse(resp, contracts.LogPage)
 
-    def metrics(
+    def training_metrics(
         self, job_id: str, after: int = 0, wait: float = 0, limit: int | None = None
     ) -> contracts.MetricPage:
         """``GET jobs/{id}/metrics``: training metric points after ``after``; with
-        ``wait`` a long poll for the next ones."""
+        ``wait`` a long poll for the next ones. (Not the control plane's Prometheus
+        exposition at ``gpulayer/metrics``.)"""
         params: dict[str, str | int | float] = {"after": after}
         if wait:
             params["wait"] = wait
@@ -380,22 +367,7 @@ class Connection:
         ValidationError
             If an artifact name would land outside ``dest_dir``.
         """
-        root = Path(dest_dir).resolve()
-        available = [a.name for a in self.artifacts(job_id)]
-        if names is None:
-            wanted = available
-        else:
-            missing = sorted(set(names) - set(available))
-            if missing:
-                raise errors.NotFound(f"job {job_id} has no artifact {', '.join(missing)}")
-            wanted = list(names)
-        targets = [(name, _inside(root, name)) for name in wanted]
-        written = []
-        for name, target in targets:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(self.download_artifact(job_id, name))
-            written.append(target)
-        return written
+        return artifacts.download(self, job_id, dest_dir, names)
 
     def upload_blob(self, data: bytes) -> contracts.BlobRef:
         """``POST blobs``: store raw bytes (a bundle) by sha256."""
@@ -439,188 +411,3 @@ class Connection:
 def _seg(value: str) -> str:
     """One URL path segment (ids never contain ``/``; quote anyway)."""
     return quote(str(value), safe="")
-
-
-def _inside(root: Path, name: str) -> Path:
-    target = (root / name).resolve()
-    if name.startswith("/") or not target.is_relative_to(root) or target == root:
-        raise errors.ValidationError(
-            f"artifact name {name!r} would be written outside {root}", field="name"
-        )
-    return target
-
-
-# ------------------------------------------------------------ module level
-
-_default: Connection | None = None
-
-
-def connect(
-    url: str | None = None, token: str | None = None, *, fingerprint: str | None = None
-) -> Connection:
-    """Connect to a control plane and make it the default for :func:`submit`.
-
-    Parameters
-    ----------
-    url, token
-        Where and as whom; missing ones come from ``GPULAYER_URL`` /
-        ``GPULAYER_TOKEN`` or the file ``gpulayer up`` saved.
-    fingerprint
-        The server certificate's pinned ``sha256:...``; else
-        ``GPULAYER_FINGERPRINT`` or the saved file's (for the same URL).
-
-    Raises
-    ------
-    ConfigError
-        If no URL or token can be found.
-    ConnectionFailed
-        If the control plane does not answer.
-    CertificateMismatch
-        If its TLS certificate is not the pinned one (nothing was sent).
-    """
-    global _default
-    cfg = config.resolve(url, token, fingerprint)
-    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
-    try:
-        conn.health()
-    except BaseException:
-        conn.close()
-        raise
-    if _default is not None:
-        _default.close()
-    _default = conn
-    log.debug("connected to %s", cfg.url)
-    return conn
-
-
-def current_connection() -> Connection:
-    """The default connection, connecting from the configuration on first use."""
-    return _default if _default is not None else connect()
-
-
-def submit(
-    command: str | Sequence[str],
-    *,
-    gpus: int = 0,
-    cpus: float = 1,
-    memory: str | int | None = None,
-    gpu_memory: str | int | None = None,
-    gpu_model: str | None = None,
-    accelerator: str | None = None,
-    min_compute_capability: str | None = None,
-    gpu_memory_kind: str | None = None,
-    selector: Mapping[str, str] | None = None,
-    worker: str | None = None,
-    profile: str | None = None,
-    timeout: str | float | None = None,
-    retries: int = 0,
-    name: str | None = None,
-    env: Mapping[str, str] | None = None,
-    workdir: str | os.PathLike[str] | None = None,
-    labels: Mapping[str, str] | None = None,
-    priority: int = 0,
-    nodes: int = 1,
-    nproc_per_node: int = 1,
-    launcher: str = "torchrun",
-    connection: Connection | None = None,
-) -> Job:
-    """Submit a command to run on a worker (or, with ``nodes``/``nproc_per_node``,
-    a distributed job: one task per node, started together by torchrun).
-
-    Parameters
-    ----------
-    command
-        A string runs with ``/bin/sh -c``; a sequence is an argv run without a shell.
-    gpus, cpus, memory
-        What one task needs; ``memory`` like ``"8GiB"`` or a number of bytes.
-    gpu_memory, gpu_model, accelerator, min_compute_capability, gpu_memory_kind
-        What each reserved GPU must be: ``"40GiB"``, a name pattern like
-        ``"A100|H100"``, ``"cuda"``/``"rocm"``/``"mps"``/``"cpu"``, ``"8.0"``,
-        ``"dedicated"``/``"unified"``.
-    selector, worker
-        Worker labels that must match, or one worker by name.
-    profile
-        A shorthand such as ``"pytorch-cuda"`` (see ``contracts.PROFILES``);
-        explicit options win over it.
-    timeout
-        Seconds or a string like ``"10m"``; the job is ``timed_out`` after it.
-    retries
-        Extra attempts after a failure or a lost worker.
-    name, labels, priority
-        How the job is listed and ordered.
-    env
-        Extra environment variables for the process.
-    workdir
-        A local directory packed, uploaded and unpacked as the task's cwd.
-    nodes, nproc_per_node, launcher
-        A distributed job: ``nodes`` tasks on distinct workers (the resources are
-        per node), placed all at once, each running ``nproc_per_node`` processes
-        with a static rendezvous on node 0; ``launcher`` ``"torchrun"`` or
-        ``"direct"`` (gpulayer starts the ranks itself). See docs/distributed.md.
-    connection
-        Defaults to :func:`current_connection`.
-
-    Returns
-    -------
-    Job
-        The handle, state ``queued``.
-
-    Raises
-    ------
-    ValidationError
-        Before anything is sent, when an option is malformed; ``field`` names it.
-
-    Examples
-    --------
-    >>> job = gl.submit(["python", "train.py"], gpus=1, timeout="2h", workdir=".")
-    """
-    program: dict[str, Any] = (
-        {"shell": command} if isinstance(command, str) else {"command": list(command)}
-    )
-    try:
-        distributed = nodes > 1 or nproc_per_node > 1 or launcher != "torchrun"
-        spec = contracts.JobSpec(
-            **program,
-            **(
-                {"kind": "distributed", "nodes": nodes, "nproc_per_node": nproc_per_node}
-                | {"launcher": launcher}
-                if distributed
-                else {}
-            ),
-            name=name,
-            env=dict(env or {}),
-            resources=_resources(
-                profile=profile,
-                gpus=gpus,
-                cpus=cpus,
-                memory=memory,
-                gpu_memory=gpu_memory,
-                gpu_model=gpu_model,
-                accelerator=accelerator,
-                worker=worker,
-                min_compute_capability=min_compute_capability,
-                gpu_memory_kind=gpu_memory_kind,
-                selector=dict(selector or {}),
-            ),
-            timeout=timeout,
-            retries=retries,
-            priority=priority,
-            labels=dict(labels or {}),
-        )
-    except PydanticValidationError as e:
-        raise pydantic_to_gpulayer(e) from e
-    data = bundle.pack(workdir) if workdir is not None else None
-    conn = connection if connection is not None else current_connection()
-    if data is not None:
-        spec = spec.model_copy(update={"bundle": conn.upload_blob(data).sha256})
-    return Job(conn, conn.submit(spec))
-
-
-def _resources(*, profile: str | None, gpus: int, cpus: float, **given: Any) -> dict[str, Any]:
-    """The ``resources`` body: with a profile, only what the caller set overrides it."""
-    res = {k: v for k, v in given.items() if v not in (None, {})}
-    if profile is None:
-        return {"gpus": gpus, "cpus": cpus, **res}
-    defaults = {"gpus": 0, "cpus": 1}
-    res.update({k: v for k, v in {"gpus": gpus, "cpus": cpus}.items() if v != defaults[k]})
-    return {"profile": profile, **res}

@@ -1,0 +1,30 @@
+"""The ``gpulayer`` command line.
+
+::
+
+    gpulayer up                       control plane + a local worker on this machine
+    gpulayer join URL --token T       run a worker that serves URL
+    gpulayer submit [-f] -- CMD ...   submit a command; -f streams its output
+    gpulayer jobs | job ID | logs ID [-f] | cancel ID | artifacts ID [--download DIR]
+    gpulayer workers
+    gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
+    gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
+    gpulayer demo                     a tour on a throw-away local cluster
+
+The connection comes from ``--url``/``--token``, else ``GPULAYER_URL`` /
+``GPULAYER_TOKEN``, else the file ``gpulayer up`` saved. Every error is one line
+``gpulayer: error: ...`` on stderr: exit 2 for bad usage, 1 otherwise, 130 on Ctrl-C.
+
+* :mod:`~gpulayer.cli.parser`: :func:`main` and the parser
+* :mod:`~gpulayer.cli.options`: the parser class, connection options, the connection
+* :mod:`~gpulayer.cli.output`: the one table printer, times, sizes, notes, errors
+* :mod:`~gpulayer.cli.jobs`, :mod:`~gpulayer.cli.logs`, :mod:`~gpulayer.cli.workers`,
+  :mod:`~gpulayer.cli.sessions`, :mod:`~gpulayer.cli.tokens`, :mod:`~gpulayer.cli.up`:
+  one module per command group
+* :mod:`~gpulayer.cli.cluster`: :class:`LocalCluster`, what ``up`` and ``demo`` run
+* :mod:`~gpulayer.cli.demo`: the ``gpulayer demo`` tour
+"""
+
+from gpulayer.cli.parser import build_parser, main
+
+__all__ = ["build_parser", "main"]

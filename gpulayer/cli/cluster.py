@@ -1,0 +1,430 @@
+"""A local gpulayer cluster: the control plane and workers as subprocesses.
+
+:class:`LocalCluster` is what ``gpulayer up`` and ``gpulayer demo`` run, and what
+notebooks CI and benchmarks start: a headless Jupyter server with ``jupyter_ext``
+(``python -m jupyter_ext``) plus ``gpulayer join`` workers, all on this machine,
+with their output in ``<data_dir>/logs/``.
+
+With ``tls`` (the default when it listens beyond loopback) the control plane
+serves HTTPS with a self-signed certificate kept in ``<data_dir>/tls/``; every
+client the cluster makes, and every worker it starts, pins that certificate's
+fingerprint. Secrets travel to the subprocesses in their environment, never on
+their command lines (which other users of the machine can read).
+
+It owns its processes and nothing else: no atexit hooks, no signal handlers.
+:meth:`LocalCluster.stop` (or leaving the ``with`` block) terminates every
+process it started, by PID, workers first.
+"""
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from gpulayer import contracts, tls
+from gpulayer.cli.processes import (
+    DEFAULT_PORT,
+    STOP_GRACE_SECONDS,
+    exited,
+    free_port,
+    is_loopback,
+    log_tail,
+    preferred_port,
+    reap,
+    signal_if_running,
+    spawn,
+)
+from gpulayer.client import Connection
+from gpulayer.errors import GpulayerError
+
+log = logging.getLogger(__name__)
+
+START_DEADLINE_SECONDS = 60.0
+_POLL_SECONDS = 0.05
+
+__all__ = [
+    "DEFAULT_PORT",
+    "START_DEADLINE_SECONDS",
+    "STOP_GRACE_SECONDS",
+    "LocalCluster",
+    "free_port",
+    "is_loopback",
+    "log_tail",
+    "preferred_port",
+]
+
+
+class LocalCluster:
+    """A control plane and ``workers`` local workers, as subprocesses.
+
+    Parameters
+    ----------
+    data_dir
+        Holds the database, artifacts, tokens, worker folders and ``logs/``.
+    port, host
+        Where the control plane listens; a free port is picked when ``port`` is None.
+    workers
+        How many local workers :meth:`start` launches (named ``local-1``, ...).
+    simulated_gpus
+        ``GPULAYER_SIMULATED_GPUS`` for the local workers, e.g. ``"2xA100-80GB"``.
+    slots
+        Tasks each local worker runs at once.
+    heartbeat_seconds, lease_seconds
+        Passed to the control plane (``--GpulayerApp.*``) when given.
+    base_url
+        The Jupyter ``base_url``, e.g. ``"/a%40b/"``.
+    env
+        Extra environment variables for every subprocess.
+    tls
+        Serve HTTPS; None (default) means on exactly when ``host`` is not loopback.
+    certfile, keyfile
+        Serve this certificate (e.g. CA-signed) instead of a self-signed one; clients
+        then verify it against their CA bundle rather than pinning it.
+    server_args
+        Extra ``--Class.trait=value`` arguments for the control plane.
+    server_module
+        What ``python -m`` runs as the control plane: ``jupyter_ext`` (headless, the
+        default) or ``jupyterlab`` (JupyterLab with the control plane and the sidebar
+        inside, as the browser tests run it).
+
+    Examples
+    --------
+    >>> with LocalCluster(tmp_path, simulated_gpus="1xA100-80GB") as cluster:
+    ...     conn = cluster.connection()
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        workers: int = 1,
+        simulated_gpus: str | None = None,
+        slots: int = 4,
+        heartbeat_seconds: float | None = None,
+        lease_seconds: float | None = None,
+        base_url: str = "/",
+        env: Mapping[str, str] | None = None,
+        tls: bool | None = None,
+        certfile: str | os.PathLike[str] | None = None,
+        keyfile: str | os.PathLike[str] | None = None,
+        server_args: Sequence[str] = (),
+        server_module: str = "jupyter_ext",
+    ) -> None:
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.tls = (not is_loopback(host) or certfile is not None) if tls is None else tls
+        if certfile is not None and not self.tls:
+            raise GpulayerError("a certfile needs tls=True")
+        self.certfile = None if certfile is None else Path(certfile)
+        self.keyfile = None if keyfile is None else Path(keyfile)
+        self.server_args = list(server_args)
+        self.server_module = server_module
+        self._fingerprint: str | None = None
+        self.host = host
+        self.port = port
+        self.n_workers = workers
+        self.simulated_gpus = simulated_gpus
+        self.slots = slots
+        self.heartbeat_seconds = heartbeat_seconds
+        self.lease_seconds = lease_seconds
+        self.base_url = "/" + base_url.strip("/") + "/" if base_url.strip("/") else "/"
+        self.env = dict(env or {})
+        self.jupyter_token = secrets.token_hex(24)
+        self._server: subprocess.Popen[bytes] | None = None
+        self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._admin_token: str | None = None
+        self._join_token: str | None = None
+        self._worker_count = 0
+
+    def __repr__(self) -> str:
+        return f"<LocalCluster {self.url if self.port else 'not started'} workers={self.workers}>"
+
+    # ----------------------------------------------------------- properties
+
+    @property
+    def url(self) -> str:
+        """The control plane URL (base_url included, ends with ``/``)."""
+        if self.port is None:
+            raise GpulayerError("the local cluster has not been started")
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+        host = f"[{host}]" if ":" in host else host
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{host}:{self.port}{self.base_url}"
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The pinned ``sha256:...`` of the self-signed certificate (None without TLS,
+        or with a certificate of the caller's, which clients verify against a CA)."""
+        return self._fingerprint
+
+    @property
+    def admin_token(self) -> str:
+        """The first admin token, read from ``<data_dir>/admin.token``."""
+        if self._admin_token is None:
+            raise GpulayerError("the local cluster has not been started")
+        return self._admin_token
+
+    @property
+    def join_token(self) -> str:
+        """The reusable join token, read from ``<data_dir>/join.token``."""
+        if self._join_token is None:
+            raise GpulayerError("the local cluster has not been started")
+        return self._join_token
+
+    @property
+    def workers(self) -> list[str]:
+        """Names of the local workers this cluster started and has not stopped."""
+        return list(self._workers)
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the subprocesses' output goes."""
+        return self.data_dir / "logs"
+
+    def log_path(self, worker: str | None = None) -> Path:
+        """The log file of the control plane, or of the worker named ``worker``."""
+        name = "control-plane" if worker is None else f"worker-{worker}"
+        return self.log_dir / f"{name}.log"
+
+    def connection(self) -> Connection:
+        """A new :class:`~gpulayer.client.Connection` with the admin token (caller closes)."""
+        return Connection(self.url, self.admin_token, fingerprint=self._fingerprint)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Start the control plane and the local workers; returns once all are ready.
+
+        Raises
+        ------
+        GpulayerError
+            If a process exits early or is not ready within 60 s; the message
+            carries the tail of its log. Everything started so far is stopped.
+        """
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.port is None:
+            self.port = free_port(self.host or "127.0.0.1")
+        if self.tls and self.certfile is None:
+            self.certfile, self.keyfile = tls.ensure_certificate(
+                self.data_dir / "tls", tls.default_hosts(self.host)
+            )
+            self._fingerprint = tls.fingerprint_of_file(self.certfile)
+        try:
+            self._start_control_plane()
+            names = [self._add_worker() for _ in range(self.n_workers)]
+            self.wait_for_workers(names)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Terminate the workers, then the control plane (SIGTERM, then SIGKILL)."""
+        procs = list(self._workers.values())
+        self._workers.clear()
+        for proc in procs:
+            signal_if_running(proc, signal.SIGTERM)
+        for proc in procs:
+            reap(proc)
+        if self._server is not None:
+            server, self._server = self._server, None
+            signal_if_running(server, signal.SIGTERM)
+            reap(server)
+
+    def restart_control_plane(self) -> None:
+        """Stop only the control plane and start it again (same port, same data dir)."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            signal_if_running(server, signal.SIGTERM)
+            reap(server)
+        self._start_control_plane()
+
+    def check(self) -> None:
+        """Raise if the control plane has exited.
+
+        Raises
+        ------
+        GpulayerError
+            With the tail of the control plane log.
+        """
+        if self._server is None or self._server.poll() is not None:
+            code = None if self._server is None else self._server.returncode
+            raise GpulayerError(exited("the control plane", code, self.log_path()))
+
+    # -------------------------------------------------------------- workers
+
+    def add_worker(
+        self,
+        name: str | None = None,
+        *,
+        slots: int | None = None,
+        simulated_gpus: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+    ) -> "subprocess.Popen[bytes]":
+        """Start one more local worker (``gpulayer join``) and return its process.
+
+        Parameters
+        ----------
+        name
+            Defaults to ``local-<n>``.
+        slots, simulated_gpus
+            Override the cluster's values for this worker.
+        labels, env
+            Worker labels and extra environment variables.
+        wait
+            Return only once the worker is ``ready``.
+        """
+        name = self._add_worker(name, slots, simulated_gpus, labels, env)
+        if wait:
+            self.wait_for_workers([name])
+        return self._workers[name]
+
+    def stop_worker(self, name: str, sig: int = signal.SIGTERM) -> int | None:
+        """Send ``sig`` to the local worker ``name`` and reap it; returns its exit code."""
+        proc = self._workers.pop(name)
+        signal_if_running(proc, sig)
+        reap(proc)
+        return proc.returncode
+
+    def wait_for_workers(
+        self, names: list[str], timeout: float = START_DEADLINE_SECONDS
+    ) -> list[contracts.Worker]:
+        """Block until every worker in ``names`` is ``ready`` in ``GET workers``.
+
+        Raises
+        ------
+        GpulayerError
+            If one exits or the deadline passes; the message has its log tail.
+        """
+        deadline = time.monotonic() + timeout
+        with self.connection() as conn:
+            while True:
+                for name in names:
+                    proc = self._workers.get(name)
+                    if proc is not None and proc.poll() is not None:
+                        raise GpulayerError(
+                            exited(f"worker {name}", proc.returncode, self.log_path(name))
+                        )
+                ready = {w.name: w for w in conn.workers() if w.state == "ready"}
+                if all(n in ready for n in names):
+                    return [ready[n] for n in names]
+                if time.monotonic() > deadline:
+                    late = [n for n in names if n not in ready]
+                    raise GpulayerError(
+                        f"worker {late[0]} was not ready after {timeout:g}s; its log ends:\n"
+                        + log_tail(self.log_path(late[0]))
+                    )
+                time.sleep(_POLL_SECONDS)
+
+    # ------------------------------------------------------------ internals
+
+    def _add_worker(
+        self,
+        name: str | None = None,
+        slots: int | None = None,
+        simulated_gpus: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        if name is None:
+            self._worker_count += 1
+            name = f"local-{self._worker_count}"
+        if name in self._workers:
+            raise GpulayerError(f"a local worker named {name!r} is already running")
+        argv = [sys.executable, "-m", "gpulayer", "join", self.url,
+                "--name", name, "--slots", str(slots or self.slots),
+                "--data-dir", str(self.data_dir / "workers" / name)]  # fmt: skip
+        for key, value in (labels or {}).items():
+            argv += ["--label", f"{key}={value}"]
+        extra = {**(env or {}), "GPULAYER_JOIN_TOKEN": self.join_token}
+        if self._fingerprint is not None:
+            argv += ["--fingerprint", self._fingerprint]
+        gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
+        if gpus is not None:
+            extra["GPULAYER_SIMULATED_GPUS"] = gpus
+        self._workers[name] = spawn(
+            argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir
+        )
+        return name
+
+    def _control_plane_argv(self) -> list[str]:
+        argv = [
+            sys.executable, "-m", self.server_module,
+            f"--ServerApp.ip={self.host}",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.open_browser=False",
+            "--ServerApp.allow_root=True",
+            f"--ServerApp.base_url={self.base_url}",
+            f"--ServerApp.root_dir={self.data_dir}",
+            f"--GpulayerApp.data_dir={self.data_dir}",
+        ]  # fmt: skip
+        if self.tls:
+            argv += [f"--ServerApp.certfile={self.certfile}", f"--ServerApp.keyfile={self.keyfile}"]
+        if self.heartbeat_seconds is not None:
+            argv.append(f"--GpulayerApp.heartbeat_seconds={self.heartbeat_seconds}")
+        if self.lease_seconds is not None:
+            argv.append(f"--GpulayerApp.lease_seconds={self.lease_seconds}")
+        return argv + self.server_args
+
+    def _start_control_plane(self) -> None:
+        # Jupyter's own token in the environment (JUPYTER_TOKEN), not on the command line.
+        env = {"JUPYTER_TOKEN": self.jupyter_token}
+        self._server = spawn(
+            self._control_plane_argv(), self.log_path(), {**self.env, **env}, cwd=self.data_dir
+        )
+        self._wait_healthy()
+        # The control plane writes both tokens before health answers.
+        try:
+            self._admin_token = (self.data_dir / "admin.token").read_text().strip()
+            self._join_token = (self.data_dir / "join.token").read_text().strip()
+        except OSError as e:
+            raise GpulayerError(
+                f"the control plane is up but its tokens are unreadable: {e}"
+            ) from e
+
+    def _wait_healthy(self) -> None:
+        assert self._server is not None
+        url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
+        deadline = time.monotonic() + START_DEADLINE_SECONDS
+        verify = tls.verify_for(self.url, self._fingerprint)
+        with httpx.Client(timeout=httpx.Timeout(2.0), verify=verify) as http:
+            while True:
+                if self._server.poll() is not None:
+                    raise GpulayerError(
+                        exited("the control plane", self._server.returncode, self.log_path())
+                    )
+                try:
+                    if http.get(url).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise GpulayerError(
+                        f"the control plane did not answer {url} within "
+                        f"{START_DEADLINE_SECONDS:g}s; its log ends:\n{log_tail(self.log_path())}"
+                    )
+                time.sleep(_POLL_SECONDS)

@@ -1,0 +1,160 @@
+"""``gpulayer submit | jobs | job ID | cancel ID | explain ID | artifacts ID``."""
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from gpulayer import contracts, errors
+from gpulayer.cli import output
+from gpulayer.cli.logs import follow
+from gpulayer.cli.options import connect
+from gpulayer.client import specs, submit
+
+#: ``gpulayer submit``'s options: every resource, job and gang option.
+SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
+_FLAGS = {"labels": "--label"}
+
+
+def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
+    """Add the job commands to the ``gpulayer`` parser."""
+    s = sub.add_parser("submit", parents=[conn], help="submit a command",
+                       usage="gpulayer submit [options] -- CMD [ARG ...]")  # fmt: skip
+    for name in SUBMIT_OPTIONS:
+        flag, kwargs = specs.argument(name, _FLAGS.get(name))
+        s.add_argument(flag, **kwargs)
+    s.add_argument("--workdir", type=Path, help="directory shipped as the task's cwd")
+    s.add_argument("--shell", metavar="'CMD | CMD'", help="run a string with /bin/sh -c")
+    s.add_argument("-f", "--follow", action="store_true", help="stream output, exit like it")
+    s.add_argument("command", nargs="*", metavar="CMD", help="argv, after `--`")
+    s.set_defaults(func=_submit)
+
+    jobs = sub.add_parser("jobs", parents=[conn], help="list jobs")
+    jobs.add_argument("--state", choices=[str(s) for s in contracts.JobState])
+    jobs.add_argument("--limit", type=int, default=50)
+    jobs.set_defaults(func=_jobs)
+
+    for name, func, text in (
+        ("job", _job, "show one job, its tasks and events"),
+        ("cancel", _cancel, "cancel a job"),
+        ("explain", _explain, "why a job runs where it does, or waits"),
+    ):
+        p = sub.add_parser(name, parents=[conn], help=text)
+        p.add_argument("job_id", metavar="ID")
+        p.set_defaults(func=func)
+
+    arts = sub.add_parser("artifacts", parents=[conn], help="list or download artifacts")
+    arts.add_argument("job_id", metavar="ID")
+    arts.add_argument("--download", type=Path, metavar="DIR")
+    arts.set_defaults(func=_artifacts)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    if bool(args.command) == bool(args.shell):
+        raise errors.ValidationError(
+            "give a command after `--` (gpulayer submit -- python train.py)"
+            " or a shell string with --shell 'cmd | cmd', not both"
+            if args.command
+            else "no command given; put it after `--` (gpulayer submit -- python train.py)"
+            " or use --shell 'cmd | cmd'"
+        )
+    if len(args.command) == 1 and " " in args.command[0]:
+        output.note(
+            f"note: running {args.command[0]!r} as one program; use --shell for shell syntax"
+        )
+    conn = connect(args)
+    job = submit(
+        args.shell if args.shell else args.command,
+        workdir=args.workdir,
+        connection=conn,
+        **specs.given(args, SUBMIT_OPTIONS),
+    )
+    if not args.follow:
+        print(job.id, flush=True)
+        return 0
+    output.note(f"job {job.id} submitted; waiting for it to start ...")
+    return follow(conn, job.id)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        jobs = conn.jobs(state=args.state, limit=args.limit)
+    output.table(("ID", "NAME", "STATE", "WORKER", "EXIT", "AGE", "DURATION"), [
+        (j.id, j.spec.name or "-", str(j.state), j.worker_name or "-",
+         output.exit_code(j.exit_code), output.age(j.created_at),
+         contracts.format_duration(j.duration))
+        for j in jobs
+    ])  # fmt: skip
+    return 0
+
+
+def _job(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        job = conn.job(args.job_id)
+        events = conn.events(args.job_id)
+    spec = job.spec
+    program = spec.shell if spec.shell is not None else shlex.join(spec.command or [])
+    res = spec.resources
+    when = output.when
+    fields = [
+        ("id", job.id), ("name", spec.name or "-"), ("state", str(job.state)),
+        ("reason", job.reason or "-"), ("owner", job.owner), ("worker", job.worker_name or "-"),
+        ("exit", output.exit_code(job.exit_code)),
+        ("attempts", str(job.attempts)), ("command", program),
+        ("resources", f"gpus={res.gpus} cpus={res.cpus:g}"
+                      + (f" memory={res.memory.human_readable()}" if res.memory else "")),
+        ("timeout", contracts.format_duration(spec.timeout)), ("retries", str(spec.retries)),
+        ("created", when(job.created_at)), ("started", when(job.started_at)),
+        ("ended", when(job.ended_at)), ("duration", contracts.format_duration(job.duration)),
+    ]  # fmt: skip
+    for key, value in fields:
+        print(f"{key + ':':<11}{value}")
+    if job.pending_reasons:
+        print("\nwhy it is waiting:")
+        for reason in job.pending_reasons:
+            print(f"  {reason}")
+    if job.tasks:
+        print("\ntasks:")
+        output.table(("TASK", "ATTEMPT", "STATE", "WORKER", "GPUS", "EXIT", "REASON"), [
+            (t.id, str(t.attempt), str(t.state), t.worker_name or "-",
+             ",".join(map(str, t.gpu_indices)) or "-", output.exit_code(t.exit_code),
+             t.reason or "")
+            for t in job.tasks
+        ], indent="  ")  # fmt: skip
+    if events:
+        print("\nevents:")
+        output.table(("TIME", "STATE", "TASK", "REASON"), [
+            (when(e.ts), e.state, e.task_id or "", e.reason or "") for e in events
+        ], indent="  ")  # fmt: skip
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        job = conn.cancel(args.job_id)
+    print(f"{job.id} {job.state}")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        p = conn.placement(args.job_id)
+    print(f"job {p.job_id} is {p.state}: {p.summary}")
+    rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
+             w.reason) for w in p.workers]  # fmt: skip
+    if rows:
+        output.table(("WORKER", "FITS NOW", "COULD FIT", "WHY"), rows)
+    return 0 if p.satisfiable else 1
+
+
+def _artifacts(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        if args.download is not None:
+            for path in conn.download(args.job_id, args.download):
+                print(path)
+            return 0
+        arts = conn.artifacts(args.job_id)
+    output.table(
+        ("NAME", "SIZE", "SHA256"), [(a.name, output.size(a.size), a.sha256[:12]) for a in arts]
+    )
+    return 0

@@ -1,0 +1,76 @@
+"""``gpulayer logs ID [-f] [--rank N]``, and following a job's output until it ends."""
+
+import argparse
+import sys
+from typing import Any
+
+from gpulayer import contracts
+from gpulayer.cli import output
+from gpulayer.cli.options import connect
+from gpulayer.client import Connection
+from gpulayer.client.cells import MessageDecoder, log_text
+from gpulayer.client.logs import stored_lines
+
+_STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
+
+
+def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
+    """Add ``logs`` to the ``gpulayer`` parser."""
+    logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
+    logs.set_defaults(func=_logs)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        if args.follow:
+            follow(conn, args.job_id, args.rank)
+            return 0
+        decoder = MessageDecoder()
+        for line in stored_lines(conn, args.job_id):
+            print_line(line, args.rank, decoder)
+    return 0
+
+
+def print_line(line: contracts.LogLine, rank: int | None, decoder: MessageDecoder) -> None:
+    """Print one log line (``[rank] text`` for a gang's), unless another rank's.
+
+    A cell's relayed messages print as their plain text.
+    """
+    if rank is not None and line.rank != rank:
+        return
+    text = log_text(line, decoder)
+    if text is None:
+        return
+    if line.rank is not None and rank is None:
+        text = f"[{line.rank}] {text}"
+    out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
+    print(text, file=out, flush=True)
+
+
+def follow(conn: Connection, job_id: str, rank: int | None = None) -> int:
+    """Stream a job's output until it ends; returns the exit code to mirror."""
+    decoder = MessageDecoder()
+    try:
+        for line in conn.follow_logs(job_id):
+            print_line(line, rank, decoder)
+        job = conn.wait(job_id)
+    except KeyboardInterrupt:
+        output.note(f"stopped following; job {job_id} keeps running (gpulayer cancel {job_id})")
+        raise
+    code = "" if job.exit_code is None else f" (exit {job.exit_code})"
+    why = f": {job.reason}" if job.reason and job.state != contracts.JobState.succeeded else ""
+    output.note(f"job {job.id} {job.state} in {contracts.format_duration(job.duration)}{code}{why}")
+    return exit_status(job)
+
+
+def exit_status(job: contracts.Job) -> int:
+    """The exit status that mirrors how ``job`` ended, like a shell's."""
+    if job.state == contracts.JobState.succeeded:
+        return 0
+    code = job.exit_code
+    if code is None or code == 0 or code > 255:
+        return 1
+    return 128 - code if code < 0 else code  # killed by signal N -> 128+N, like a shell

@@ -1,0 +1,35 @@
+"""What every command shares: the parser class, the connection options, the connection."""
+
+import argparse
+from typing import NoReturn
+
+from gpulayer import errors
+from gpulayer.client import Connection, config
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors become one gpulayer error line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise errors.ValidationError(f"{message} (see `{self.prog} --help`)")
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """The parent parser of ``--url``, ``--token`` and ``--fingerprint``."""
+    conn = Parser(add_help=False)
+    conn.add_argument("--url", default=argparse.SUPPRESS, help="control plane URL")
+    conn.add_argument("--token", default=argparse.SUPPRESS, help="gpulayer token")
+    conn.add_argument("--fingerprint", default=argparse.SUPPRESS, metavar="sha256:...",
+                      help="pinned TLS certificate (`gpulayer up` prints it)")  # fmt: skip
+    return conn
+
+
+def connect(args: argparse.Namespace) -> Connection:
+    """The connection the command's options (or ``main(connection=...)``) name."""
+    given: Connection | None = args.connection
+    if given is not None:
+        return given
+    cfg = config.resolve(
+        getattr(args, "url", None), getattr(args, "token", None), getattr(args, "fingerprint", None)
+    )
+    return Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)

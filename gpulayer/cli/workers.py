@@ -1,0 +1,64 @@
+"""``gpulayer workers | drain NAME | resume NAME``."""
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from gpulayer import contracts
+from gpulayer.cli import output
+from gpulayer.cli.options import connect
+
+
+def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
+    """Add the worker commands to the ``gpulayer`` parser."""
+    sub.add_parser("workers", parents=[conn], help="list workers").set_defaults(func=_workers)
+    for name, text in (("drain", "finish a worker's tasks, give it no new ones"),
+                       ("resume", "give a drained worker tasks again")):  # fmt: skip
+        p = sub.add_parser(name, parents=[conn], help=text)
+        p.add_argument("worker", metavar="NAME")
+        p.set_defaults(func=_drain)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        workers = conn.workers()
+    rows = [
+        (w.name, str(w.state), str(w.slots), str(len(w.running_tasks)), devices(w.devices),
+         gpu_use(w), str(w.cpus), output.size(w.memory_bytes),
+         output.age(w.last_heartbeat) + (" ago" if w.last_heartbeat else ""))
+        for w in workers
+    ]  # fmt: skip
+    output.table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "GPU USE", "CPUS", "MEMORY",
+                  "HEARTBEAT"), rows)  # fmt: skip
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        w = conn.drain(args.worker, resume=args.cmd == "resume")
+    running = f"; {len(w.running_tasks)} task(s) still running" if w.running_tasks else ""
+    print(f"worker {w.name} is {w.state}{running}")
+    return 0
+
+
+def gpu_use(w: contracts.Worker) -> str:
+    """``0:35% 12.0GiB 1:-`` from the latest heartbeat ('-' while unknown)."""
+    if not w.gpus:
+        return "-"
+    parts = []
+    for g in w.gpus:
+        util = "-" if g.utilization_percent is None else f"{g.utilization_percent:.0f}%"
+        mem = "" if g.memory_used_bytes is None else f" {output.size(g.memory_used_bytes)}"
+        parts.append(f"{g.index}:{util}{mem}")
+    return " ".join(parts)
+
+
+def devices(found: Sequence[contracts.Device]) -> str:
+    """``2x NVIDIA A100 (sim)``: the worker's accelerators by name."""
+    counts: dict[str, int] = {}
+    for d in found:
+        if d.kind == "cpu":
+            continue
+        label = d.name + (" (sim)" if d.simulated and "simulated" not in d.name.lower() else "")
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{n}x {label}" for label, n in counts.items()) or "-"

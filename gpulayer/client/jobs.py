@@ -1,0 +1,240 @@
+"""Jobs: :func:`submit` and the :class:`Job` handle it returns, which users hold on to."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, Self, Unpack, overload
+
+from gpulayer import bundle, contracts, errors
+from gpulayer.client import specs
+from gpulayer.client.connection import Connection
+from gpulayer.client.default import current_connection
+from gpulayer.client.logs import stored_lines
+
+
+class Job:
+    """A handle on a submitted job.
+
+    ``state`` is the last state seen; ``status`` asks the control plane again.
+
+    Examples
+    --------
+    >>> job = gl.submit("nvidia-smi", gpus=1)
+    >>> job.wait().state
+    'succeeded'
+    >>> print("\\n".join(job.logs()))
+    """
+
+    def __init__(self, conn: Connection, info: contracts.Job) -> None:
+        self.connection = conn
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The job id."""
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        """The job's name, or its id when it has none."""
+        return self.info.name
+
+    @property
+    def state(self) -> contracts.JobState:
+        """The state last seen (no request; see :attr:`status`)."""
+        return self.info.state
+
+    @property
+    def status(self) -> str:
+        """The current state, fetched from the control plane."""
+        return str(self.refresh().state)
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code of the last attempt, once it ended."""
+        return self.info.exit_code
+
+    @property
+    def artifacts(self) -> list[contracts.Artifact]:
+        """The files the job kept."""
+        return self.connection.artifacts(self.id)
+
+    def refresh(self) -> Self:
+        """Fetch the job again; returns self."""
+        self.info = self.connection.job(self.id)
+        return self
+
+    def wait(self, timeout: float | None = None, raise_on_failure: bool = False) -> Self:
+        """Block until the job ends; returns self.
+
+        Parameters
+        ----------
+        timeout
+            Seconds to wait at most (None: no limit).
+        raise_on_failure
+            Raise :class:`~gpulayer.errors.JobFailed` unless the job succeeded.
+
+        Raises
+        ------
+        TimeoutError
+            If the job has not ended within ``timeout``.
+        JobFailed
+            With ``raise_on_failure``, when it failed, timed out, was lost or cancelled.
+        """
+        self.info = self.connection.wait(self.id, timeout)
+        if raise_on_failure and self.info.state != contracts.JobState.succeeded:
+            raise self.failure()
+        return self
+
+    def failure(self) -> errors.JobFailed:
+        """The :class:`~gpulayer.errors.JobFailed` describing how the job ended."""
+        return failure_of(self.info)
+
+    @overload
+    def logs(self, follow: Literal[False] = False) -> list[str]: ...
+    @overload
+    def logs(self, follow: Literal[True]) -> Iterator[contracts.LogLine]: ...
+    def logs(self, follow: bool = False) -> list[str] | Iterator[contracts.LogLine]:
+        """The job's output.
+
+        Returns
+        -------
+        list of str or iterator of LogLine
+            Without ``follow``, the text of every line stored so far. With
+            ``follow``, an iterator of :class:`~gpulayer.contracts.LogLine` that
+            yields lines as they arrive and ends when the job has ended.
+        """
+        if follow:
+            return self.connection.follow_logs(self.id)
+        return [line.text for line in stored_lines(self.connection, self.id)]
+
+    def metrics(self, after: int = 0) -> list[contracts.StoredMetricPoint]:
+        """The training metric points stored so far (``{"train/loss": ...}`` per
+        log point of a :class:`gpulayer.pytorch.Trainer` run), oldest first, from
+        after point ``after`` on (its ``seq``)."""
+        points: list[contracts.StoredMetricPoint] = []
+        while True:
+            page = self.connection.training_metrics(self.id, after)
+            points.extend(page.points)
+            if not page.points:
+                return points
+            after = page.next_after
+
+    def cancel(self) -> Self:
+        """Ask the control plane to cancel the job; returns self."""
+        self.info = self.connection.cancel(self.id)
+        return self
+
+    def download(
+        self, dest: str | os.PathLike[str] = ".", names: Sequence[str] | None = None
+    ) -> list[Path]:
+        """Download the job's artifacts (or only ``names``) below ``dest``."""
+        return self.connection.download(self.id, dest, names)
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        """A live :class:`~gpulayer.notebook.widgets.JobMonitor` in a notebook, a summary
+        elsewhere."""
+        from gpulayer.notebook import render  # IPython only where a display asks for it
+
+        return render.job_bundle(self, include, exclude)
+
+    def __repr__(self) -> str:
+        short = self.id if len(self.id) <= 8 else self.id[:6] + "…"
+        parts = [f"<Job {short}", str(self.info.state)]
+        if self.info.exit_code is not None:
+            parts.append(f"exit={self.info.exit_code}")
+        if self.info.worker_name:
+            parts.append(f"worker={self.info.worker_name}")
+        return " ".join(parts) + ">"
+
+
+def failure_of(info: contracts.Job) -> errors.JobFailed:
+    """The :class:`~gpulayer.errors.JobFailed` describing how a job ended."""
+    code = "" if info.exit_code is None else f" (exit {info.exit_code})"
+    reason = f": {info.reason}" if info.reason else ""
+    return errors.JobFailed(
+        f"job {info.id} {info.state}{code}{reason}",
+        job_id=info.id,
+        state=str(info.state),
+        reason=info.reason,
+        exit_code=info.exit_code,
+        worker=info.worker_name,
+    )
+
+
+def submit(
+    command: str | Sequence[str],
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    connection: Connection | None = None,
+    **options: Unpack[specs.JobOptions],
+) -> Job:
+    """Submit a command to run on a worker (or, with ``nodes``/``nproc_per_node``,
+    a distributed job: one task per node, started together by torchrun).
+
+    Parameters
+    ----------
+    command
+        A string runs with ``/bin/sh -c``; a sequence is an argv run without a shell.
+    gpus, cpus, memory
+        What one task needs (default 0 GPUs, 1 CPU); ``memory`` like ``"8GiB"`` or
+        a number of bytes.
+    gpu_memory, gpu_model, accelerator, min_compute_capability, gpu_memory_kind
+        What each reserved GPU must be: ``"40GiB"``, a name pattern like
+        ``"A100|H100"``, ``"cuda"``/``"rocm"``/``"mps"``/``"cpu"``, ``"8.0"``,
+        ``"dedicated"``/``"unified"``.
+    selector, worker
+        Worker labels that must match, or one worker by name.
+    profile
+        A shorthand such as ``"pytorch-cuda"`` (see ``contracts.PROFILES``);
+        explicit options win over it.
+    timeout
+        Seconds or a string like ``"10m"``; the job is ``timed_out`` after it.
+    retries
+        Extra attempts after a failure or a lost worker (default 0).
+    name, labels, priority
+        How the job is listed and ordered (default priority 0).
+    env
+        Extra environment variables for the process.
+    workdir
+        A local directory packed, uploaded and unpacked as the task's cwd.
+    nodes, nproc_per_node, launcher
+        A distributed job: ``nodes`` tasks on distinct workers (the resources are
+        per node), placed all at once, each running ``nproc_per_node`` processes
+        with a static rendezvous on node 0; ``launcher`` ``"torchrun"`` (default)
+        or ``"direct"`` (gpulayer starts the ranks itself). See docs/distributed.md.
+    connection
+        Defaults to :func:`~gpulayer.client.default.current_connection`.
+
+    The options are those of :mod:`gpulayer.client.specs` (the ``Resources`` and
+    ``JobSpec`` fields).
+
+    Returns
+    -------
+    Job
+        The handle, state ``queued``.
+
+    Raises
+    ------
+    ValidationError
+        Before anything is sent, when an option is malformed; ``field`` names it.
+    TypeError
+        For an unknown option.
+
+    Examples
+    --------
+    >>> job = gl.submit(["python", "train.py"], gpus=1, timeout="2h", workdir=".")
+    """
+    specs.check(options, _SUBMIT_OPTIONS, "gl.submit")
+    program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
+    spec = specs.job_spec(options, **program)
+    data = bundle.pack(workdir) if workdir is not None else None
+    conn = connection if connection is not None else current_connection()
+    if data is not None:
+        spec = spec.model_copy(update={"bundle": conn.upload_blob(data).sha256})
+    return Job(conn, conn.submit(spec))
+
+
+_SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)

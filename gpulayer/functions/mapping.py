@@ -1,0 +1,162 @@
+"""``RemoteFunction.map``: many calls in a few batched jobs, results as they come."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from gpulayer import contracts, errors
+from gpulayer.client.connection import Connection
+from gpulayer.client.jobs import failure_of
+from gpulayer.functions.tracebacks import exception, outcomes
+from gpulayer.notebook.progress import Progress
+
+if TYPE_CHECKING:
+    from gpulayer.functions.decorator import RemoteFunction
+
+R = TypeVar("R")
+
+_BATCH_JOBS = 500  # specs per POST jobs/batch
+_BATCH_BYTES = 4 * 1024 * 1024
+
+
+class MapRun(Generic[R]):
+    """The iterator :meth:`RemoteFunction.map` answers; closing it cancels the rest."""
+
+    def __init__(
+        self,
+        fn: RemoteFunction[..., R],
+        conn: Connection,
+        items: list[tuple[Any, ...]],
+        chunks: list[list[int]],
+        *,
+        ordered: bool,
+        return_exceptions: bool,
+        max_parallel: int | None,
+        progress: Progress,
+    ) -> None:
+        self._fn = fn
+        self._conn = conn
+        self._items = items
+        self._chunks = chunks
+        self._ordered = ordered
+        self._return_exceptions = return_exceptions
+        self._limit = max_parallel
+        self._progress = progress
+        self._next_chunk = 0
+        self._pending: dict[str, int] = {}  # job id -> chunk index
+        self._infos: dict[str, contracts.Job] = {}
+        self._ready: dict[int, tuple[bool, Any]] = {}  # item index -> (ok, value or exception)
+        self._order: list[int] = []  # item indexes in the order they finished
+        self._yielded = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self._submit_more()
+
+    def __iter__(self) -> MapRun[R]:
+        return self
+
+    def __enter__(self) -> MapRun[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and getattr(self, "_pending", None):
+            self.close()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The jobs submitted so far (one per chunk)."""
+        return list(self._infos)
+
+    def __next__(self) -> R:
+        if self._yielded >= len(self._items):
+            self.close()
+            raise StopIteration
+        try:
+            index = self._next_index()
+        except BaseException:
+            self.close()
+            raise
+        ok, value = self._ready.pop(index)
+        self._yielded += 1
+        if self._yielded >= len(self._items):
+            self.close()
+        if ok or self._return_exceptions:
+            result: R = value
+            return result
+        self.close()
+        raise value
+
+    def close(self) -> None:
+        """Cancel the calls that have not finished; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._progress.close()
+        for job_id in list(self._pending):
+            with contextlib.suppress(errors.InvalidTransition, errors.NotFound):
+                self._conn.cancel(job_id)
+        self._pending.clear()
+
+    def _next_index(self) -> int:
+        while True:
+            if self._ordered:
+                if self._yielded in self._ready:
+                    return self._yielded
+            elif self._order:
+                return self._order.pop(0)
+            self._collect()
+
+    def _collect(self) -> None:
+        """Wait until at least one more chunk ended; take its outcomes."""
+        if not self._pending:
+            raise RuntimeError("map: nothing is running, but results are missing")
+        ended = self._conn.wait_any(list(self._pending), timeout=30.0)
+        for info in ended:
+            chunk = self._chunks[self._pending.pop(info.id)]
+            self._infos[info.id] = info
+            try:
+                got = outcomes(self._conn, info)
+            except errors.GpulayerError as e:
+                got, failure = [], e
+            else:
+                failure = failure_of(info)
+            for k, index in enumerate(chunk):
+                if k < len(got):
+                    o = got[k]
+                    entry = (
+                        (True, o.value) if o.ok else (False, exception(o, info, self._fn.function))
+                    )
+                else:
+                    entry = (False, failure)
+                self._ready[index] = entry
+                self._order.append(index)
+            self._progress.update(len(chunk))
+        self._submit_more()
+
+    def _submit_more(self) -> None:
+        """Submit chunks up to ``max_parallel`` running, in batched requests."""
+        room = len(self._chunks) - self._next_chunk
+        if self._limit is not None:
+            room = min(room, self._limit - len(self._pending))
+        while room > 0 and not self._closed:
+            specs: list[contracts.JobSpec] = []
+            first, size = self._next_chunk, 0
+            while room > 0 and len(specs) < _BATCH_JOBS and size < _BATCH_BYTES:
+                chunk = self._chunks[self._next_chunk]
+                spec = self._fn.spec_for([(self._items[i], {}) for i in chunk], self._conn)
+                specs.append(spec)
+                size += len(spec.function.payload or b"") if spec.function else 0
+                self._next_chunk += 1
+                room -= 1
+            jobs = self._conn.submit_many(specs)
+            for k, info in enumerate(jobs):
+                self._pending[info.id] = first + k
+                self._infos[info.id] = info
