@@ -5,16 +5,26 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gpulayer import errors
+from gpulayer import contracts, errors
 
-if TYPE_CHECKING:
-    from gpulayer.client.connection import Connection
+
+class ArtifactSource(Protocol):
+    """What a download reads: the job's artifact list and each artifact's bytes
+    (a :class:`~gpulayer.client.connection.Connection`)."""
+
+    def artifacts(self, job_id: str) -> list[contracts.Artifact]:
+        """The job's artifacts."""
+        ...
+
+    def download_artifact(self, job_id: str, name: str) -> bytes:
+        """One artifact's content."""
+        ...
 
 
 def download(
-    conn: Connection,
+    conn: ArtifactSource,
     job_id: str,
     dest_dir: str | os.PathLike[str],
     names: Sequence[str] | None = None,

@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
-from gpulayer import contracts, errors
+from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
 from gpulayer.functions.tracebacks import exception, outcomes
 from gpulayer.notebook.progress import Progress
 
-if TYPE_CHECKING:
-    from gpulayer.functions.decorator import RemoteFunction
-
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Batched(Protocol[R_co]):
+    """What a map needs of its :class:`~gpulayer.functions.decorator.RemoteFunction`:
+    the function (for local tracebacks) and the job of one batch of calls."""
+
+    @property
+    def function(self) -> Callable[..., R_co]:
+        """The wrapped function."""
+        ...
+
+    def spec_for(self, calls: list[payload.CallArgs], conn: Connection) -> contracts.JobSpec:
+        """The job that makes ``calls``."""
+        ...
+
 
 _BATCH_JOBS = 500  # specs per POST jobs/batch
 _BATCH_BYTES = 4 * 1024 * 1024
@@ -26,7 +40,7 @@ class MapRun(Generic[R]):
 
     def __init__(
         self,
-        fn: RemoteFunction[..., R],
+        fn: Batched[R],
         conn: Connection,
         items: list[tuple[Any, ...]],
         chunks: list[list[int]],
