@@ -50,6 +50,10 @@ WEB_MODULES = ("tornado", "jupyter_server", "jupyter_core", "traitlets")
 SQL_PREFIXES = ("SELECT ", "UPDATE ", "INSERT ", "DELETE FROM")
 DB_MODULES = ("sqlite3", "aiosqlite")
 
+#: The only modules that may import IPython or ipywidgets: the notebook package, and the
+#: Trainer's progress bar, which draws a widget when it runs in a notebook (both lazily).
+NOTEBOOK_MODULES = ("gpulayer.notebook", "gpulayer.notebook.*", "gpulayer.pytorch.progress")
+
 #: The import kinds (see the module docstring) the cycle check follows.
 CYCLE_KINDS = frozenset({"module", "function", "type"})
 
@@ -308,6 +312,14 @@ def test_every_layer_has_modules():
     assert layer_of("jupyter_ext.api.jobs") == layer_of("jupyter_ext.api") == "handlers"
     assert layer_of("jupyter_ext.store.records") == layer_of("jupyter_ext.store") == "store"
     assert layer_of("jupyter_ext.jobs") == "services" and layer_of("jupyter_ext.app") is None
+
+
+def test_only_the_notebook_package_imports_ipython():
+    for m in MODULES:
+        if any(fnmatch.fnmatchcase(m, p) for p in NOTEBOOK_MODULES):
+            continue
+        found = {i.target.split(".")[0] for i in imports(m)}
+        assert not found & {"IPython", "ipywidgets"}, m
 
 
 def test_display_hooks_stay_inside_functions():

@@ -36,7 +36,10 @@ def tops(loaded: set[str]) -> set[str]:
     return {name.split(".")[0] for name in loaded}
 
 
-@pytest.mark.parametrize("module", ["gpulayer", "gpulayer.client", "gpulayer.cli"])
+@pytest.mark.parametrize(
+    "module",
+    ["gpulayer", "gpulayer.client", "gpulayer.cli", "gpulayer.functions", "gpulayer.notebook"],
+)
 def test_kernel_side_imports_stay_light(module: str) -> None:
     loaded, _ = imported_by(module)
     assert tops(loaded).isdisjoint(HEAVY), sorted(tops(loaded) & set(HEAVY))
