@@ -87,7 +87,7 @@ def _burst(run_all, n: int) -> dict[str, float]:
 
 def bench_gpulayer(args: argparse.Namespace) -> dict[str, Any]:
     import gpulayer as gl
-    from gpulayer.cluster import LocalCluster
+    from gpulayer.cli.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="gl-bench-") as tmp:
         t = time.perf_counter()

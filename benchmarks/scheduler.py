@@ -139,8 +139,8 @@ async def in_process(n_jobs: int, n_workers: int, samples: int, seed: int) -> di
 
 def over_http(n_workers: int, n_jobs: int) -> dict:
     """Throughput with real worker processes (simulated GPUs) through HTTP."""
+    from gpulayer.cli.cluster import LocalCluster
     from gpulayer.client import submit
-    from gpulayer.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
