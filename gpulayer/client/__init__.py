@@ -8,7 +8,6 @@
 * :mod:`~gpulayer.client.logs`: reading a job's stored output
 * :mod:`~gpulayer.client.artifacts`: downloading a job's artifacts below a folder
 * :mod:`~gpulayer.client.cells`: cells in remote kernels (behind ``%%gpulayer``)
-* :mod:`~gpulayer.client.variables`: variables moved to and from remote kernels
 """
 
 from gpulayer.client.connection import DEFAULT_TIMEOUT, LONG_POLL_SECONDS, Connection

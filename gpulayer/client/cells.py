@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
 
-from gpulayer import contracts, errors
-from gpulayer.client import specs, variables
+from gpulayer import contracts, errors, variables
+from gpulayer.client import specs
 from gpulayer.client.connection import LONG_POLL_SECONDS, Connection
 from gpulayer.client.jobs import failure_of
 

@@ -74,3 +74,9 @@ def test_a_rank_of_a_distributed_function_starts_without_the_agent() -> None:
 def test_a_broken_import_fails_instead_of_skipping() -> None:
     with pytest.raises(AssertionError, match="ModuleNotFoundError"):
         imported_by("gpulayer.no_such_module")
+
+
+def test_the_helpers_a_remote_kernel_calls_load_no_http_client() -> None:
+    loaded, _ = imported_by("gpulayer.variables")
+    assert tops(loaded).isdisjoint({"httpx", "IPython", "torch"})
+    assert "gpulayer.client" not in loaded

@@ -12,8 +12,8 @@ from IPython.core.displaypub import CapturingDisplayPublisher
 from IPython.core.error import UsageError
 from IPython.testing import globalipapp
 
-from gpulayer import client, contracts, errors
-from gpulayer.client import cells, variables
+from gpulayer import client, contracts, errors, variables
+from gpulayer.client import cells
 from gpulayer.client.default import set_default
 
 URL = "http://lab.example:8888/"
