@@ -25,7 +25,7 @@ from gpulayer.contracts import (
     compute_capability_tuple,
 )
 
-from .store import TaskRecord, WorkerRecord
+from .store import Hold, WorkerRecord
 
 _GIB = 1024**3
 
@@ -67,7 +67,7 @@ class Usage:
     gpus: dict[int, str] = field(default_factory=dict)  # GPU index -> job id
 
 
-def usage_by_worker(active_tasks: Iterable[TaskRecord]) -> dict[str, Usage]:
+def usage_by_worker(active_tasks: Iterable[Hold]) -> dict[str, Usage]:
     """Sum the active tasks per worker id."""
     usage: dict[str, Usage] = {}
     for t in active_tasks:

@@ -159,7 +159,7 @@ class Placer:
         """What every worker has committed to active tasks (cells of a session run in
         their session's slot and GPUs, so they are not counted)."""
         cells = self._sessions.open_cells
-        active = [t for t in await self._core.store.active_tasks() if t.job_id not in cells]
+        active = [h for h in await self._core.store.holds() if h.job_id not in cells]
         return defaultdict(Usage, usage_by_worker(active))
 
 

@@ -6,7 +6,15 @@ from collections.abc import AsyncIterator, Sequence
 from gpulayer.contracts import JobState
 
 from .db import Database, marks
-from .records import ArtifactRecord, EventRecord, JobRecord, ResultRecord, TaskRecord
+from .records import (
+    ArtifactRecord,
+    EventRecord,
+    Hold,
+    JobRecord,
+    ResultRecord,
+    TaskRecord,
+    gpu_indices,
+)
 from .writes import insert
 
 _ACTIVE = "('scheduled', 'running')"
@@ -98,6 +106,13 @@ class JobQueries(Database):
             sql = f"SELECT * FROM tasks WHERE worker_id = ? AND state IN {_ACTIVE}"
             rows = await self._all(sql, (worker_id,))
         return [TaskRecord.from_row(r) for r in rows]
+
+    async def holds(self) -> list[Hold]:
+        """What every active task holds (its worker, its GPUs): placement's lean read."""
+        rows = await self._all(
+            f"SELECT job_id, worker_id, gpu_indices FROM tasks WHERE state IN {_ACTIVE}"
+        )
+        return [Hold(r["job_id"], r["worker_id"], gpu_indices(r["gpu_indices"])) for r in rows]
 
     async def expired_leases(self, now: float) -> list[TaskRecord]:
         """Running tasks whose lease ran out."""

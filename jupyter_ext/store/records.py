@@ -27,6 +27,15 @@ from gpulayer.contracts import (
 #: States that hold a worker's slot and GPUs.
 ACTIVE_STATES = frozenset({JobState.scheduled, JobState.running})
 
+#: Stored state values to their enum members (a lookup: ``JobState(value)`` costs
+#: ten times more, and placement reads every active task on every pass).
+_JOB_STATES: dict[str, JobState] = {s.value: s for s in JobState}
+
+
+def gpu_indices(text: str | None) -> tuple[int, ...]:
+    """A stored ``gpu_indices`` column (a JSON list the control plane wrote)."""
+    return tuple(json.loads(text)) if text and text != "[]" else ()
+
 
 def as_datetime(ts: float) -> datetime:
     """A stored UNIX time as an aware UTC datetime."""
@@ -129,8 +138,8 @@ class TaskRecord:
     def from_row(cls, r: sqlite3.Row) -> "TaskRecord":
         """Read a ``tasks`` row."""
         return cls(
-            r["id"], r["job_id"], r["attempt"], JobState(r["state"]), r["worker_id"],
-            tuple(int(i) for i in json.loads(r["gpu_indices"] or "[]")), r["exit_code"],
+            r["id"], r["job_id"], r["attempt"], _JOB_STATES[r["state"]], r["worker_id"],
+            gpu_indices(r["gpu_indices"]), r["exit_code"],
             r["reason"], r["created_at"], r["started_at"], r["ended_at"], r["lease_expires"],
             bool(r["cancel_requested"]), r["log_seq"], r["node_rank"], r["gang"],
             r["metric_seq"],
@@ -153,6 +162,16 @@ class TaskRecord:
             ended_at=as_optional_datetime(self.ended_at),
             node_rank=self.node_rank,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What an active task holds on its worker: a slot and its GPUs (all placement
+    reads of a task, on every pass and every explanation)."""
+
+    job_id: str
+    worker_id: str | None
+    gpu_indices: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
