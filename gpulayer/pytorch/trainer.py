@@ -1,11 +1,9 @@
 """The :class:`Trainer`: runs a :class:`~gpulayer.pytorch.Module`'s steps.
 
-One optimizer step, with ``accumulate_grad_batches = A``::
-
-    for each of A micro-batches (the last A-1 ... under DDP no_sync, except the last):
-        with autocast:  loss = training_step(batch) / A
-        backward(loss)                      # scaled under 16-mixed
-    unscale → clip → on_before_optimizer_step → optimizer.step → zero_grad → scheduler
+One optimizer step spans ``accumulate_grad_batches`` micro-batches
+(:mod:`gpulayer.pytorch.optimization`); validation, test and predict passes are
+:mod:`gpulayer.pytorch.evaluation`'s loop; checkpoints and resuming are
+:mod:`gpulayer.pytorch.checkpoint`'s.
 
 The hot loop never waits for the device: logged values stay device tensors until
 a log point (every ``log_every_n_steps`` optimizer steps, and each epoch end),
@@ -19,17 +17,16 @@ holds the scheduler already stepped, so resuming continues exactly.
 """
 
 import contextlib
-import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gpulayer.pytorch import checkpoint as ckpt
+from gpulayer.pytorch import evaluation, optimization
 from gpulayer.pytorch.batches import due, length, lookahead, move_to_device
 from gpulayer.pytorch.callbacks import Callback, dispatch
 from gpulayer.pytorch.metrics import (
@@ -40,14 +37,13 @@ from gpulayer.pytorch.metrics import (
     MetricSink,
 )
 from gpulayer.pytorch.module import Module, parse_optimizers
+from gpulayer.pytorch.optimization import scheduler_due, scheduler_step
 from gpulayer.pytorch.precision import Precision, parse_precision
 from gpulayer.pytorch.progress import ProgressBar
 from gpulayer.pytorch.runtime import Runtime
 
 #: The variable that, when set, is where checkpoints and other run files go.
 ARTIFACTS_ENV = "GPULAYER_ARTIFACTS"
-
-_NO_SYNC = contextlib.nullcontext()
 
 
 class Trainer:
@@ -134,7 +130,7 @@ class Trainer:
             raise ValueError("accumulate_grad_batches must be at least 1")
         if log_every_n_steps < 1 or check_val_every_n_epoch < 1:
             raise ValueError("log_every_n_steps and check_val_every_n_epoch must be at least 1")
-        _check_interval(val_check_interval)
+        evaluation.check_interval(val_check_interval)
         self.max_epochs, self.max_steps = max_epochs, max_steps
         self.accumulate_grad_batches = accumulate_grad_batches
         self.precision = parse_precision(precision)
@@ -149,7 +145,7 @@ class Trainer:
         self.callbacks: list[Callback] = list(callbacks)
         if enable_progress_bar and not any(isinstance(cb, ProgressBar) for cb in self.callbacks):
             self.callbacks.append(ProgressBar())
-        _check_state_keys(self.callbacks)
+        ckpt.check_state_keys(self.callbacks)
         self._extra_sinks = list(metric_sinks)
         self._history = HistorySink()
 
@@ -184,7 +180,7 @@ class Trainer:
         self._ddp: DistributedDataParallel | None = None
         self._micro = 0
         self._epoch_rng: dict[str, Any] | None = None
-        self._resume: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        self._resume: ckpt.Resume | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -326,14 +322,13 @@ class Trainer:
 
     def _wrap(self, module: Module) -> None:
         assert self.runtime is not None
-        self._ddp = None
-        if self.runtime.is_distributed:
-            device_ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
-            self._ddp = DistributedDataParallel(
-                _TrainingStep(module),
-                device_ids=device_ids,
-                find_unused_parameters=self.find_unused_parameters,
-            )
+        self._ddp = optimization.data_parallel(
+            module, module.training_step, self.runtime, self.find_unused_parameters
+        )
+
+    def _hook(self, hook: str, *args: Any) -> None:
+        """:func:`~gpulayer.pytorch.dispatch` for this trainer, for the step functions."""
+        dispatch(self, hook, *args)
 
     # ------------------------------------------------------------------ fit loop
 
@@ -356,7 +351,8 @@ class Trainer:
         if set_epoch is not None:
             set_epoch(self.current_epoch)  # a DistributedSampler reshuffles per epoch
         self.num_training_batches = length(loader)
-        val_every = self._val_every(loader) if val_loader is not None else None
+        interval = self.val_check_interval
+        val_every = evaluation.validation_every(interval, loader) if val_loader else None
         validate_epoch = (self.current_epoch + 1) % self.check_val_every_n_epoch == 0
         dispatch(self, "on_train_epoch_start")
         batches, start = self._epoch_batches(loader)
@@ -380,18 +376,9 @@ class Trainer:
     def _epoch_batches(self, loader: Iterable[Any]) -> tuple[Iterator[Any], int]:
         """The epoch's batch iterator and the index of its first batch (after a resume
         from the middle of an epoch, the batches already trained are drawn and skipped)."""
-        if self._resume is None:
-            self._epoch_rng = ckpt.capture_rng()
-            return iter(loader), 0
-        skip, epoch_rng, now_rng = self._resume
-        self._resume = None
-        ckpt.restore_rng(epoch_rng)
-        self._epoch_rng = epoch_rng
-        batches = iter(loader)
-        for _ in range(skip):
-            next(batches)
-        ckpt.restore_rng(now_rng)
-        return batches, skip
+        resume, self._resume = self._resume, None
+        batches, start, self._epoch_rng = ckpt.epoch_batches(loader, resume)
+        return batches, start
 
     def _train_batch(
         self, step_fn: Any, batch: Any, batch_idx: int, is_last: bool
@@ -400,18 +387,15 @@ class Trainer:
         assert precision is not None
         self._micro += 1
         step_now = self._micro >= self.accumulate_grad_batches or is_last
-        # Gradients are all-reduced only on the micro-batch that steps.
-        sync = _NO_SYNC if self._ddp is None or step_now else self._ddp.no_sync()
-        with sync:
-            with precision.autocast():
-                outputs = step_fn(batch, batch_idx)
-            loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs
-            if loss is not None:
-                if self.accumulate_grad_batches > 1:
-                    loss = loss / self.accumulate_grad_batches
-                dispatch(self, "on_before_backward", loss)
-                precision.backward(loss)
-                dispatch(self, "on_after_backward")
+        outputs = optimization.forward_backward(
+            step_fn,
+            batch,
+            batch_idx,
+            precision=precision,
+            accumulate_grad_batches=self.accumulate_grad_batches,
+            no_sync=None if step_now else self._ddp,
+            hook=self._hook,
+        )
         if step_now:
             self._optimizer_step()
             self._micro = 0
@@ -420,37 +404,26 @@ class Trainer:
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None and self._precision is not None
         assert self.module is not None
-        optimizer = self.optimizer
-        self._precision.unscale(optimizer)
-        if self.gradient_clip_val is not None:
-            nn.utils.clip_grad_norm_(self.module.parameters(), self.gradient_clip_val)
-        dispatch(self, "on_before_optimizer_step", optimizer)
-        self._precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        optimization.optimizer_step(
+            self.optimizer,
+            self._precision,
+            self.module.parameters(),
+            self.gradient_clip_val,
+            self._hook,
+        )
         self.global_step += 1
         sched = self.lr_scheduler
-        if (
-            sched is not None
-            and sched["interval"] == "step"
-            and (self.global_step % sched["frequency"] == 0)
-        ):
-            self._scheduler_step(sched)
-
-    def _scheduler_step(self, sched: dict[str, Any]) -> None:
-        if sched["monitor"] is None:
-            sched["scheduler"].step()
-        elif sched["monitor"] in self.callback_metrics:
-            sched["scheduler"].step(self.callback_metrics[sched["monitor"]])
+        if sched is not None and scheduler_due(sched, "step", self.global_step):
+            scheduler_step(sched, self.callback_metrics)
 
     def _end_train_epoch(self, collector: MetricCollector) -> None:
         assert self.runtime is not None
         # An epoch end is a log point: the last step values not yet reported, and the
         # epoch aggregates.
         self._log_point(collector, step=True, epoch=True)
-        sched = self.lr_scheduler
-        due = sched is not None and (self.current_epoch + 1) % sched["frequency"] == 0
-        if sched is not None and self.epoch_finished and due and sched["interval"] == "epoch":
-            self._scheduler_step(sched)
+        sched, epochs = self.lr_scheduler, self.current_epoch + 1
+        if sched is not None and self.epoch_finished and scheduler_due(sched, "epoch", epochs):
+            scheduler_step(sched, self.callback_metrics)
         dispatch(self, "on_train_epoch_end")
         # Whatever the module logged in its own on_train_epoch_end.
         self._log_point(collector, epoch=True)
@@ -459,17 +432,6 @@ class Trainer:
             self.current_epoch += 1
             self.batches_done = 0
             self.epoch_finished = False
-
-    def _val_every(self, loader: Iterable[Any]) -> int | None:
-        interval = self.val_check_interval
-        if isinstance(interval, int) and not isinstance(interval, bool):
-            return interval
-        if interval == 1.0:
-            return None
-        n = length(loader)
-        if n is None:
-            raise ValueError("a fractional val_check_interval needs a train loader with a len()")
-        return max(1, int(n * interval))
 
     def _validate_in_fit(self, loader: Iterable[Any]) -> None:
         assert self.module is not None
@@ -507,27 +469,19 @@ class Trainer:
         return metrics
 
     def _loop(self, kind: str, step: Any, loader: Iterable[Any], keep: bool) -> list[Any]:
-        """One pass over ``loader`` in eval mode without gradients, with the
-        ``on_<kind>_*`` hooks; ``on_<kind>_end`` is left to the caller except for predict."""
+        """:func:`~gpulayer.pytorch.evaluation.run_loop` over ``loader`` with this
+        trainer's module, device, precision and hooks."""
         assert self.module is not None and self.runtime is not None and self._precision
-        module, device = self.module, self.runtime.device
-        module.eval()
-        results = []
-        dispatch(self, f"on_{kind}_start")
-        dispatch(self, f"on_{kind}_epoch_start")
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                dispatch(self, f"on_{kind}_batch_start", batch, batch_idx)
-                batch = move_to_device(batch, device)
-                with self._precision.autocast():
-                    outputs = step(batch, batch_idx)
-                if keep:
-                    results.append(outputs)
-                dispatch(self, f"on_{kind}_batch_end", outputs, batch, batch_idx)
-        dispatch(self, f"on_{kind}_epoch_end")
-        if kind == "predict":
-            dispatch(self, "on_predict_end")
-        return results
+        return evaluation.run_loop(
+            kind,
+            step,
+            loader,
+            module=self.module,
+            device=self.runtime.device,
+            precision=self._precision,
+            hook=self._hook,
+            keep=keep,
+        )
 
     # ------------------------------------------------------------------ reporting
 
@@ -573,23 +527,18 @@ class Trainer:
     def _checkpoint(self) -> dict[str, Any]:
         assert self.module is not None and self.optimizer is not None
         assert self._precision is not None
-        sched = self.lr_scheduler
-        checkpoint = {
-            "format": ckpt.FORMAT,
-            "epoch": self.current_epoch,
-            "global_step": self.global_step,
-            "batches_done": self.batches_done,
-            "epoch_finished": self.epoch_finished,
-            "state_dict": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": sched["scheduler"].state_dict() if sched else None,
-            "precision": self._precision.state_dict(),
-            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
-            "rng": {
-                "epoch_start": self._epoch_rng or ckpt.capture_rng(),
-                "now": ckpt.capture_rng(),
-            },
-        }
+        position = ckpt.Position(
+            self.current_epoch, self.global_step, self.batches_done, self.epoch_finished
+        )
+        checkpoint = ckpt.contents(
+            position,
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            self._precision,
+            self.callbacks,
+            self._epoch_rng,
+        )
         dispatch(self, "on_save_checkpoint", checkpoint)
         return checkpoint
 
@@ -597,50 +546,15 @@ class Trainer:
         assert self.module is not None and self.optimizer is not None
         assert self._precision is not None
         dispatch(self, "on_load_checkpoint", checkpoint)
-        self.module.load_state_dict(checkpoint["state_dict"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        if self.lr_scheduler is not None and checkpoint["lr_scheduler"] is not None:
-            self.lr_scheduler["scheduler"].load_state_dict(checkpoint["lr_scheduler"])
-        self._precision.load_state_dict(checkpoint["precision"])
-        states = checkpoint["callbacks"]
-        for cb in self.callbacks:
-            if cb.state_key in states:
-                cb.load_state_dict(states[cb.state_key])
+        ckpt.restore_states(
+            checkpoint,
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            self._precision,
+            self.callbacks,
+        )
         self.global_step = checkpoint["global_step"]
-        rng = checkpoint["rng"]
-        if checkpoint["epoch_finished"]:
-            self.current_epoch, self.batches_done = checkpoint["epoch"] + 1, 0
-        else:
-            self.current_epoch, self.batches_done = checkpoint["epoch"], checkpoint["batches_done"]
-        if self.batches_done == 0:
-            ckpt.restore_rng(rng["now"])
-        else:
-            self._resume = (self.batches_done, rng["epoch_start"], rng["now"])
-
-
-class _TrainingStep(nn.Module):
-    """Lets DDP's forward run ``training_step``, so its gradient hooks see the step."""
-
-    def __init__(self, module: Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, batch: Any, batch_idx: int) -> Any:
-        return self.module.training_step(batch, batch_idx)
-
-
-def _check_interval(value: float | int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError("val_check_interval must be a float fraction or an int batch count")
-    if isinstance(value, float) and not (0.0 < value <= 1.0 and math.isfinite(value)):
-        raise ValueError("a float val_check_interval must be in (0, 1]")
-    if isinstance(value, int) and value < 1:
-        raise ValueError("an int val_check_interval must be at least 1")
-
-
-def _check_state_keys(callbacks: list[Callback]) -> None:
-    keys = [cb.state_key for cb in callbacks]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicates:
-        raise ValueError(f"callbacks share a state_key, so checkpoints could not tell them apart: "
-                         f"{', '.join(duplicates)}")  # fmt: skip
+        self.current_epoch, self.batches_done, resume = ckpt.resume_point(checkpoint)
+        if resume is not None:
+            self._resume = resume
