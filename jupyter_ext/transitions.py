@@ -37,10 +37,11 @@ TERMINAL = TERMINAL_STATES
 RETRIED = frozenset({_S.failed, _S.lost})
 
 
-def check(current: JobState, new: JobState, what: str) -> None:
-    """Raise :class:`InvalidTransition` unless ``current -> new`` is allowed."""
+def check(current: JobState, new: JobState, kind: str, item_id: str) -> None:
+    """Raise :class:`InvalidTransition` unless ``current -> new`` is allowed for the
+    ``kind`` ("job" or "task") ``item_id``."""
     if new not in ALLOWED.get(current, frozenset()):
-        raise InvalidTransition(f"{what} cannot go from {current} to {new}")
+        raise InvalidTransition(f"{kind} {item_id} cannot go from {current} to {new}")
 
 
 def note(now: float, job_id: str, task_id: str | None, what: str, reason: str) -> list[Statement]:
@@ -71,7 +72,7 @@ def job_to(
     state records the end time and ``exit_code``."""
     if job.state == state:
         return []
-    check(job.state, state, f"job {job.id}")
+    check(job.state, state, "job", job.id)
     ended = state in TERMINAL
     change = w.set_job_state(
         job.id, state, reason, now, started=started, ended=ended, exit_code=exit_code
@@ -83,7 +84,7 @@ def task_end(
     now: float, task: TaskRecord, state: JobState, exit_code: int | None, reason: str | None
 ) -> list[Statement]:
     """End ``task`` in ``state``."""
-    check(task.state, state, f"task {task.id}")
+    check(task.state, state, "task", task.id)
     return [
         w.set_task_ended(task.id, state, exit_code, reason, now),
         w.insert_event(task.job_id, task.id, now, state, reason),
@@ -119,7 +120,7 @@ def placed_on(
 
 def started(now: float, job: JobRecord, task: TaskRecord, lease_expires: float) -> list[Statement]:
     """A worker picked ``task`` up: it and its job run."""
-    check(task.state, _S.running, f"task {task.id}")
+    check(task.state, _S.running, "task", task.id)
     return [
         w.set_task_running(task.id, now, lease_expires),
         w.insert_event(task.job_id, task.id, now, _S.running, "picked up by worker"),

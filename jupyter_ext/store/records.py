@@ -30,6 +30,7 @@ ACTIVE_STATES = frozenset({JobState.scheduled, JobState.running})
 #: Stored state values to their enum members (a lookup: ``JobState(value)`` costs
 #: ten times more, and placement reads every active task on every pass).
 _JOB_STATES: dict[str, JobState] = {s.value: s for s in JobState}
+_WORKER_STATES: dict[str, WorkerState] = {s.value: s for s in WorkerState}
 
 
 def gpu_indices(text: str | None) -> tuple[int, ...]:
@@ -76,7 +77,7 @@ class JobRecord:
     def from_row(cls, r: sqlite3.Row) -> "JobRecord":
         """Read a ``jobs`` row."""
         return cls(
-            r["seq"], r["id"], r["spec"], JobState(r["state"]), r["reason"], r["owner"],
+            r["seq"], r["id"], r["spec"], _JOB_STATES[r["state"]], r["reason"], r["owner"],
             r["priority"], r["exit_code"], r["attempts"], r["worker_id"], r["created_at"],
             r["updated_at"], r["started_at"], r["ended_at"], r["log_count"],
         )  # fmt: skip
@@ -193,7 +194,7 @@ class WorkerRecord:
     def from_row(cls, r: sqlite3.Row) -> "WorkerRecord":
         """Read a ``workers`` row."""
         return cls(
-            r["id"], r["name"], r["hostname"], WorkerState(r["state"]), r["info"],
+            r["id"], r["name"], r["hostname"], _WORKER_STATES[r["state"]], r["info"],
             r["registered_at"], r["last_heartbeat"], r["cpu_percent"], r["memory_used"],
             bool(r["draining"]),
         )  # fmt: skip

@@ -20,8 +20,8 @@ def task(state: JobState) -> TaskRecord:
 @pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
 def test_terminal_states_allow_no_move(state):
     for new in JobState:
-        with pytest.raises(InvalidTransition, match=f"cannot go from {state} to {new}"):
-            transitions.check(state, new, "job j1")
+        with pytest.raises(InvalidTransition, match=f"job j1 cannot go from {state} to {new}"):
+            transitions.check(state, new, "job", "j1")
 
 
 def test_only_a_running_task_ends_and_only_a_scheduled_one_starts():
