@@ -322,6 +322,9 @@ class Connection:
         resp = self._request("GET", f"jobs/{_seg(job_id)}/metrics", params=params)
         return self._parse(resp, contracts.MetricPage)
 
+    #: The name this method had before issue 14 (kept so existing code still runs).
+    metrics = training_metrics
+
     def follow_logs(self, job_id: str, offset: int = 0) -> Iterator[contracts.LogLine]:
         """Yield the job's log lines from ``offset`` as they arrive, each once.
 
