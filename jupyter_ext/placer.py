@@ -14,7 +14,6 @@ their session's slot and GPUs.
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from gpulayer.contracts import JobSpec, JobState, Placement, Resources, WorkerState
@@ -82,10 +81,11 @@ class Placer:
             usage = await self.usage()
             free = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
             p = _Pass(now, workers, usage, free, stmts, cells)
-            async for job in core.store.queued_jobs() if free > 0 else _no_jobs():
-                if p.free_slots <= 0:
-                    break
-                await self._consider(p, job)
+            if free > 0:  # a full cluster reads no queue at all
+                async for job in core.store.queued_jobs():
+                    if p.free_slots <= 0:
+                        break
+                    await self._consider(p, job)
             if p.stmts:
                 await core.store.apply(p.stmts)
         for job_id, worker_id in p.placed:
@@ -161,10 +161,3 @@ class Placer:
         cells = self._sessions.open_cells
         active = [h for h in await self._core.store.holds() if h.job_id not in cells]
         return defaultdict(Usage, usage_by_worker(active))
-
-
-async def _no_jobs() -> AsyncIterator[JobRecord]:
-    """An empty queue (no worker has a free slot)."""
-    empty: list[JobRecord] = []
-    for job in empty:
-        yield job
