@@ -40,6 +40,7 @@ from typing import Any
 from gpulayer import contracts as c
 from gpulayer.payload import Summary
 from gpulayer.worker.runs import LineCallback, RunOutcome
+from gpulayer.worker.spawning import child_options
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Runner:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env),
-            start_new_session=True,  # its own process group: a kill takes its children too
+            **child_options(),  # its own process group: a kill takes its children too
             limit=1024 * 1024,
         )
         runner = cls(key, proc)

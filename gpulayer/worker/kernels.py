@@ -28,6 +28,7 @@ from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.worker.runs import Run
+from gpulayer.worker.spawning import child_options
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Kernel:
         km._kernel_spec = spec  # jupyter_client takes a spec from disk only, else this
         self._km = km
         try:
-            await km.start_kernel(env=self.env, cwd=str(self.cwd))
+            await km.start_kernel(env=self.env, cwd=str(self.cwd), **child_options())
             kc = km.client()
             kc.start_channels()
             self._kc = kc

@@ -25,6 +25,7 @@ import psutil
 
 from gpulayer.contracts import JobSpec, LogStream, format_duration
 from gpulayer.worker.runs import LineCallback, RunOutcome
+from gpulayer.worker.spawning import child_options
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class CommandRun:
                 *self.argv,
                 cwd=self.cwd,
                 env=self.env,
-                start_new_session=True,
+                **child_options(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
