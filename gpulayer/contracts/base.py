@@ -94,8 +94,6 @@ def plain_text(value: str) -> str:
     return value
 
 
-#: Text shown to people (a hostname, a device name): no control or bidi characters.
-PlainText = Annotated[str, AfterValidator(plain_text)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\w.\-@ ]+$")]
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[\w.\-/]+$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
