@@ -3,9 +3,12 @@
 The client packs a directory (skipping caches and virtual environments), uploads it
 as a blob and puts its sha256 in the job spec; the worker downloads the blob once and
 unpacks it into each task directory with Python's ``data`` extraction filter, which
-refuses ``..``, links that leave the directory and device files; absolute paths are
-refused too, and so is a bundle that would unpack to too many files or bytes (a
-decompression bomb), all before anything is written.
+refuses ``..`` and device files. Only regular files and directories are accepted: a
+symlink or hardlink is refused whatever it points at (``pack`` never makes one, and on
+Python builds without the 2025 tarfile fixes a link chain longer than PATH_MAX gets past
+the ``data`` filter). Absolute paths are refused too, and so is a bundle that would
+unpack to too many files or bytes (a decompression bomb), all before anything is
+written.
 """
 
 import io
@@ -78,9 +81,9 @@ def unpack(
 ) -> None:
     """Safely extract a bundle into ``destination``.
 
-    Every member is checked before anything is written: Python's ``data``
-    filter (no absolute paths, no ``..``, no links leaving ``destination``, no
-    device files or FIFOs), at most ``max_members`` members, and at most
+    Every member is checked before anything is written: only regular files and
+    directories (no symlinks, hardlinks, devices or FIFOs), Python's ``data``
+    filter (no absolute paths, no ``..``), at most ``max_members`` members, and at most
     ``max_bytes`` bytes once unpacked. Defaults come from the environment
     (``GPULAYER_MAX_BUNDLE_BYTES``, ``GPULAYER_MAX_BUNDLE_FILES``), else
     :data:`DEFAULT_MAX_EXTRACTED_BYTES` and :data:`DEFAULT_MAX_MEMBERS`.
@@ -106,6 +109,12 @@ def unpack(
                         f"unsafe source bundle: {member.name!r} is an absolute path",
                         field="bundle",
                     )
+                if not (member.isreg() or member.isdir()):
+                    raise ValidationError(
+                        f"unsafe source bundle: {member.name!r} is a {_kind(member)};"
+                        " a bundle holds only regular files and directories",
+                        field="bundle",
+                    )
                 members.append(tarfile.data_filter(member, str(dest)))
                 total += member.size
                 if len(members) > max_members:
@@ -121,6 +130,16 @@ def unpack(
         raise ValidationError(f"unsafe source bundle: {e}", field="bundle") from e
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ValidationError(f"bad source bundle: {e}", field="bundle") from e
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hardlink"
+    if member.isdev():
+        return "device or FIFO"
+    return "special member"
 
 
 def _limit(value: int | None, env: str, default: int) -> int:

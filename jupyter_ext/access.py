@@ -4,17 +4,21 @@ Roles decide which *routes* a principal may call (``auth.requires``); this modul
 decides which *things* it may touch there:
 
 - a ``submitter`` sees only its own jobs and sessions (owner = its token's name);
-  another owner's look as if they did not exist (404), so ids do not leak;
+  another owner's look as if they did not exist (404), so ids do not leak. In the
+  fleet's listing and telemetry it sees only its own tasks (ids, CPU, memory), and
+  it may name in a job only the blobs it uploaded itself;
 - a ``worker`` acts only for its own worker id, on tasks placed on it, and reads
   only the bundles, payloads and pushed variables of its own active tasks;
 - everyone else who may call a route (``admin``, ``viewer``, the Jupyter user)
-  sees everything there.
+  sees everything there (a ``viewer`` is a read-only operator: the whole fleet,
+  every job; see ``docs/security.md``).
 
 A ``viewer`` argument of ``None`` is the control plane itself (the sweep, tests).
 """
 
 from collections.abc import Iterable
 
+from gpulayer.contracts import Telemetry, Worker
 from gpulayer.errors import Forbidden, NotFound
 
 from .auth import Principal
@@ -76,6 +80,42 @@ def own_task(viewer: Principal | None, task: TaskRecord) -> TaskRecord:
     if viewer is not None and viewer.role == "worker" and task.worker_id != viewer.worker_id:
         raise Forbidden(f"task {task.id} does not run on this worker")
     return task
+
+
+async def may_use_blob(store: Store, user: Principal | None, sha256: str) -> bool:
+    """Whether ``user`` may name blob ``sha256`` in a job: a submitter only a blob it
+    uploaded itself (an admin, the Jupyter user with its role, the control plane any)."""
+    if user is None or user.role != "submitter":
+        return True
+    return await store.owns_blob(sha256, user.name)
+
+
+async def scoped_workers(store: Store, viewer: Principal | None, workers: list[Worker]) -> None:
+    """Leave in ``workers`` only the tasks ``viewer`` may see (ids and per-task
+    readings); a submitter sees its own, everyone else all."""
+    owner = owner_scope(viewer)
+    if owner is None:
+        return
+    ids = [t for w in workers for t in w.running_tasks] + [
+        s.task_id for w in workers for s in w.tasks
+    ]
+    mine = await store.owned_task_ids(owner, ids)
+    for w in workers:
+        w.running_tasks = [t for t in w.running_tasks if t in mine]
+        w.tasks = [s for s in w.tasks if s.task_id in mine]
+
+
+async def scoped_telemetry(store: Store, viewer: Principal | None, found: Telemetry) -> Telemetry:
+    """``found`` with only the per-task readings ``viewer`` may see."""
+    owner = owner_scope(viewer)
+    if owner is None:
+        return found
+    mine = await store.owned_task_ids(owner, [t.task_id for s in found.samples for t in s.tasks])
+    samples = [
+        s.model_copy(update={"tasks": [t for t in s.tasks if t.task_id in mine]})
+        for s in found.samples
+    ]
+    return found.model_copy(update={"samples": samples})
 
 
 async def may_read_blob(store: Store, viewer: Principal | None, sha256: str) -> None:

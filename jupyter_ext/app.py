@@ -8,7 +8,10 @@ single-user server) or headless through ``python -m jupyter_ext`` (what
 
 import asyncio
 import contextlib
+import getpass
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int, Unicode, default, validate
 
-from gpulayer.contracts import API_PREFIX
+from gpulayer.contracts import API_PREFIX, plain_text
 
 from . import api, prometheus
 from .api.base import AppState, GpulayerAPIHandler, Limits, Running
@@ -30,6 +33,8 @@ log = logging.getLogger("gpulayer")
 
 #: Roles the Jupyter server's own user may be given.
 JUPYTER_USER_ROLES = ("admin", "submitter", "viewer")
+#: Where the owner of anonymous Jupyter logins is kept, in the data dir.
+ANONYMOUS_OWNER_FILE = "jupyter-owner"
 
 
 def routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
@@ -91,6 +96,14 @@ class GpulayerApp(ExtensionApp):
     login_failure_window_seconds = Float(
         60.0, help="Sliding window of the failed-login limit."
     ).tag(config=True)
+    jupyter_anonymous_owner = Unicode(
+        "",
+        help="Owner of the jobs of Jupyter logins the server knows no name for (its"
+        " token or password): one owner for all of them, across connections and"
+        " restarts. Default: the name kept in <data_dir>/jupyter-owner, written as"
+        " 'jupyter:<OS user>' at the first start. A hub or another identity"
+        " provider that names people gives each user its own name instead.",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -136,6 +149,7 @@ class GpulayerApp(ExtensionApp):
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter)
         await tokens.bootstrap(data)
+        self._state.anonymous_owner = self.jupyter_anonymous_owner or kept_owner(data)
         registry, instruments = prometheus.make_registry()
         plane = ControlPlane(
             store,
@@ -183,6 +197,38 @@ class GpulayerApp(ExtensionApp):
         if running is not None:
             await running.plane.store.close()
             self._state.running = None
+
+
+def kept_owner(data_dir: Path) -> str:
+    """The owner of anonymous Jupyter logins kept in ``data_dir`` (written at the
+    first start as ``jupyter:<OS user>``; a ``:`` no token name can hold, so no
+    token shares its jobs by accident).
+
+    Raises
+    ------
+    ValueError
+        When the file holds something that cannot be an owner's name.
+    """
+    path = data_dir / ANONYMOUS_OWNER_FILE
+    try:
+        name = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        name = ""
+    if not name:
+        try:
+            login = getpass.getuser()
+        except (OSError, KeyError):  # no passwd entry (some containers)
+            login = ""
+        name = "jupyter:" + (re.sub(r"[^\w.\-@]", "", login) or "anonymous")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(name + "\n")
+    if len(name) > 128:
+        raise ValueError(f"{path}: an owner's name has at most 128 characters")
+    try:
+        return plain_text(name)
+    except ValueError as e:
+        raise ValueError(f"{path}: the owner's name {e}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

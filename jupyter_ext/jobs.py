@@ -72,7 +72,7 @@ class Jobs:
         core = self._core
         await self._sessions.check_cells(specs, viewer)
         for spec in specs:
-            self._check_blobs(spec)
+            await self._check_blobs(spec, viewer)
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
             await self._sessions.check(specs)
         now = core.clock()
@@ -94,8 +94,14 @@ class Jobs:
             return [await self.get(ids[0])]
         return await self.by_ids(ids)
 
-    def _check_blobs(self, spec: JobSpec) -> None:
-        """Refuse a spec whose bundle, payload or pushed variables were not uploaded."""
+    async def uploaded(self, sha256: str, uploader: Principal) -> None:
+        """Record that ``uploader`` stored blob ``sha256`` (so its jobs may name it)."""
+        await self._core.store.add_blob_owner(sha256, uploader.name, self._core.clock())
+
+    async def _check_blobs(self, spec: JobSpec, viewer: Principal | None) -> None:
+        """Refuse a spec whose bundle, payload or pushed variables were not uploaded,
+        or (for a submitter) not uploaded by the submitter itself: both answer the
+        same 400, so a submit does not tell whether someone else's blob exists."""
         payload = spec.function.payload_blob if spec.function is not None else None
         push = spec.cell.push_blob if spec.cell is not None else None
         for sha, field, message in (
@@ -105,7 +111,10 @@ class Jobs:
             (push, "cell.push_blob",
              "pushed variables {} were not uploaded (POST them to /blobs first)"),
         ):  # fmt: skip
-            if sha is not None and not self._core.blobs.exists(sha):
+            if sha is None:
+                continue
+            usable = await access.may_use_blob(self._core.store, viewer, sha)
+            if not (usable and self._core.blobs.exists(sha)):
                 raise ValidationError(message.format(sha), field=field)
 
     # --------------------------------------------------------------- reads
@@ -133,11 +142,9 @@ class Jobs:
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
         if job.state == JobState.queued:
-            views = await core.fleet.views()
-            report = await self._placer.waiting(job.spec.resources, job.id, views)
-            report = gangs.waiting(report, job.spec)
-            reasons = [f"{w.worker}: {w.reason}" for w in report.workers]
-            job.pending_reasons = reasons or [report.summary]
+            report, behind = await self._placer.queued_report(row, viewer)
+            reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
+            job.pending_reasons = reasons + ([behind] if behind else [])
             if not report.satisfiable:
                 job.reason = report.summary
         return job
@@ -166,7 +173,7 @@ class Jobs:
 
     async def placement(self, job_id: str, viewer: Principal | None = None) -> Placement:
         """Where a job runs, or per worker why it waits."""
-        return await self._placer.explain(await self.visible(job_id, viewer))
+        return await self._placer.explain(await self.visible(job_id, viewer), viewer)
 
     async def result(self, job_id: str, viewer: Principal | None = None) -> bytes:
         """A function job's pickled outcomes (:class:`NotFound` while it has none)."""

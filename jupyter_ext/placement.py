@@ -7,10 +7,13 @@ reason strings are what users read.
 A requirement is either *static* (the worker's hardware, labels or name can never
 satisfy it: the job is flagged unsatisfiable there) or *dynamic* (slots or GPUs are
 busy now: the job waits).
+
+A reason names the job that holds a busy GPU only when its reader may see that
+job (``label``): a submitter reads "GPU 0 busy" for another owner's job.
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -76,6 +79,15 @@ def usage_by_worker(active_tasks: Iterable[Hold]) -> dict[str, Usage]:
         for i in t.gpu_indices:
             u.gpus[i] = t.job_id
     return usage
+
+
+#: How a reason names the job (by id) holding a GPU; None: it does not name it.
+JobLabel = Callable[[str], str | None]
+
+
+def job_label(job_id: str) -> str | None:
+    """The label of a job for readers who may see every job."""
+    return f"job {job_id[:6]}"
 
 
 def _plural(n: int, word: str) -> str:
@@ -160,8 +172,11 @@ def fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
     return static_misfit(res, w) or free_fit(res, w, usage)
 
 
-def free_fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
-    """:func:`fit` for a ready worker that :func:`static_misfit` already accepted."""
+def free_fit(
+    res: Resources, w: WorkerView, usage: Usage, label: JobLabel = job_label
+) -> list[int] | str:
+    """:func:`fit` for a ready worker that :func:`static_misfit` already accepted
+    (``label`` names the jobs holding busy GPUs in the reason)."""
     if usage.tasks >= w.slots:
         return "its only task slot is busy" if w.slots == 1 else f"all {w.slots} task slots busy"
     if not res.gpus:
@@ -169,11 +184,13 @@ def free_fit(res: Resources, w: WorkerView, usage: Usage) -> list[int] | str:
     matching = [d.index for d in w.devices if gpu_matches(res, d)]
     free = [i for i in matching if i not in usage.gpus]
     if len(free) < res.gpus:
-        busy = ", ".join(
-            f"GPU {i} busy with job {usage.gpus[i][:6]}" for i in matching if i in usage.gpus
-        )
+        busy = ", ".join(_busy(i, label(usage.gpus[i])) for i in matching if i in usage.gpus)
         return f"needs {describe_gpus(res)}, has {len(free)} free ({busy})"
     return free[: res.gpus]
+
+
+def _busy(index: int, holder: str | None) -> str:
+    return f"GPU {index} busy with {holder}" if holder else f"GPU {index} busy"
 
 
 def shape(res: Resources) -> str:
@@ -198,8 +215,10 @@ def waiting_report(
     state: JobState,
     views: list[WorkerView],
     usage: dict[str, Usage],
+    label: JobLabel = job_label,
 ) -> Placement:
-    """Per worker, whether a queued job fits now, could ever fit, and why not."""
+    """Per worker, whether a queued job fits now, could ever fit, and why not
+    (``label``: see :func:`free_fit`)."""
     if not views:
         return Placement(
             job_id=job_id,
@@ -217,7 +236,7 @@ def waiting_report(
         elif w.state != WorkerState.ready:
             reason = str(fit(res, w, u))
         else:
-            now = free_fit(res, w, u)
+            now = free_fit(res, w, u, label)
             fits_now = isinstance(now, list)
             reason = now if isinstance(now, str) else "fits; waiting for the next placement pass"
         fits.append(

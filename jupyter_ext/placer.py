@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 
 from gpulayer.contracts import JobSpec, JobState, Placement, Resources, WorkerState
 
-from . import gangs
+from . import access, gangs
+from .auth import Principal
 from .core import Core, new_id
 from .placement import (
+    JobLabel,
     Usage,
     WorkerView,
     fit,
+    job_label,
     placed_report,
     static_misfit,
     usage_by_worker,
@@ -140,20 +143,55 @@ class Placer:
 
     # ------------------------------------------------------------- explain
 
-    async def explain(self, job: JobRecord) -> Placement:
+    async def explain(self, job: JobRecord, viewer: Principal | None = None) -> Placement:
         """Where a job runs, or per worker why it waits (``GET jobs/{id}/placement``)."""
         core = self._core
-        views = await core.fleet.views()
         if job.state != JobState.queued:
-            names = {w.id: w.name for w in views}
+            names = await core.fleet.all_names()
             return placed_report(job.model(await core.store.tasks_of_job(job.id), names))
-        spec = core.spec(job)
-        return gangs.waiting(await self.waiting(spec.resources, job.id, views), spec)
+        report, behind = await self.queued_report(job, viewer)
+        if behind:
+            report = report.model_copy(update={"summary": f"{report.summary}; {behind}"})
+        return report
 
-    async def waiting(self, res: Resources, job_id: str, views: list[WorkerView]) -> Placement:
+    async def queued_report(
+        self, job: JobRecord, viewer: Principal | None = None
+    ) -> tuple[Placement, str | None]:
+        """Per worker why a queued job waits, and how many queued jobs come before it
+        (``behind N queued jobs``, or None). The reasons name only the jobs ``viewer``
+        may see, and the queue is a count, never ids."""
+        core = self._core
+        spec = core.spec(job)
+        views = await core.fleet.views()
+        report = gangs.waiting(await self.waiting(spec.resources, job.id, views, viewer), spec)
+        ahead = await core.store.queued_ahead(job) if report.satisfiable else 0
+        if not ahead:
+            return report, None
+        jobs = "job" if ahead == 1 else "jobs"
+        return report, f"behind {ahead} queued {jobs} (higher priority or older)"
+
+    async def waiting(
+        self,
+        res: Resources,
+        job_id: str,
+        views: list[WorkerView],
+        viewer: Principal | None = None,
+    ) -> Placement:
         """Per worker, whether a queued job needing ``res`` fits now and why not."""
         usage = await self.usage() if views else {}
-        return waiting_report(res, job_id, JobState.queued, views, usage)
+        label = await self._label(usage, viewer)
+        return waiting_report(res, job_id, JobState.queued, views, usage, label)
+
+    async def _label(self, usage: dict[str, Usage], viewer: Principal | None) -> JobLabel:
+        """How reasons for ``viewer`` name the jobs holding GPUs: a submitter's own
+        by id, other owners' not at all."""
+        owner = access.owner_scope(viewer)
+        if owner is None:
+            return job_label
+        holders = {j for u in usage.values() for j in u.gpus.values()}
+        rows = await self._core.store.jobs_by_ids(sorted(holders))
+        mine = {r.id for r in rows if r.owner == owner}
+        return lambda job_id: job_label(job_id) if job_id in mine else None
 
     async def usage(self) -> dict[str, Usage]:
         """What every worker has committed to active tasks (cells of a session run in

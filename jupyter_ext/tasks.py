@@ -67,8 +67,9 @@ class Tasks:
     async def add_artifact(
         self, reporter: Principal | None, task_id: str, name: str, data: bytes
     ) -> Artifact:
-        """Store a file a task produced under its job."""
-        task = await self.reporting(reporter, task_id)
+        """Store a file a task produced under its job (:class:`Conflict` once the
+        task ended: nothing is added to a job after its end)."""
+        task = await self.open_task(reporter, task_id, "artifacts")
         sha, size = await self._core.blobs.put(data)
         art = ArtifactRecord(task.job_id, name, sha, size, self._core.clock())
         await self._core.store.put_artifact(art)

@@ -49,13 +49,17 @@ class Workers:
         self._placer = placer
         self._tokens = tokens
 
-    async def all(self) -> list[Worker]:
-        """Every known worker with its running tasks and latest readings."""
-        return await self._core.fleet.workers()
+    async def all(self, viewer: Principal | None = None) -> list[Worker]:
+        """Every known worker with its running tasks and latest readings (of the
+        tasks ``viewer`` may see)."""
+        workers = await self._core.fleet.workers()
+        await access.scoped_workers(self._core.store, viewer, workers)
+        return workers
 
-    async def telemetry(self, name: str) -> Telemetry:
-        """A worker's recent heartbeat readings."""
-        return await self._core.fleet.telemetry(name)
+    async def telemetry(self, name: str, viewer: Principal | None = None) -> Telemetry:
+        """A worker's recent heartbeat readings (of the tasks ``viewer`` may see)."""
+        found = await self._core.fleet.telemetry(name)
+        return await access.scoped_telemetry(self._core.store, viewer, found)
 
     async def rearm_cancels(self, worker_id: str | None = None) -> None:
         """Queue again the cancels of running tasks not confirmed yet (after a

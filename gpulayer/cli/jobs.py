@@ -7,7 +7,7 @@ from typing import Any
 
 from gpulayer import contracts, errors
 from gpulayer.cli import output
-from gpulayer.cli.logs import follow
+from gpulayer.cli.logs import RAW_HELP, follow
 from gpulayer.cli.options import connect
 from gpulayer.client import specs, submit
 
@@ -26,6 +26,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     s.add_argument("--workdir", type=Path, help="directory shipped as the task's cwd")
     s.add_argument("--shell", metavar="'CMD | CMD'", help="run a string with /bin/sh -c")
     s.add_argument("-f", "--follow", action="store_true", help="stream output, exit like it")
+    s.add_argument("--raw", action="store_true", help=f"with --follow: {RAW_HELP}")
     s.add_argument("command", nargs="*", metavar="CMD", help="argv, after `--`")
     s.set_defaults(func=_submit)
 
@@ -62,18 +63,18 @@ def _submit(args: argparse.Namespace) -> int:
         output.note(
             f"note: running {args.command[0]!r} as one program; use --shell for shell syntax"
         )
-    conn = connect(args)
-    job = submit(
-        args.shell if args.shell else args.command,
-        workdir=args.workdir,
-        connection=conn,
-        **specs.given(args, SUBMIT_OPTIONS),
-    )
-    if not args.follow:
-        print(job.id, flush=True)
-        return 0
-    output.note(f"job {job.id} submitted; waiting for it to start ...")
-    return follow(conn, job.id)
+    with connect(args) as conn:
+        job = submit(
+            args.shell if args.shell else args.command,
+            workdir=args.workdir,
+            connection=conn,
+            **specs.given(args, SUBMIT_OPTIONS),
+        )
+        if not args.follow:
+            print(job.id, flush=True)
+            return 0
+        output.note(f"job {job.id} submitted; waiting for it to start ...")
+        return follow(conn, job.id, raw=args.raw)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -108,11 +109,11 @@ def _job(args: argparse.Namespace) -> int:
         ("ended", when(job.ended_at)), ("duration", contracts.format_duration(job.duration)),
     ]  # fmt: skip
     for key, value in fields:
-        print(f"{key + ':':<11}{value}")
+        output.say(f"{key + ':':<11}{value}")
     if job.pending_reasons:
         print("\nwhy it is waiting:")
         for reason in job.pending_reasons:
-            print(f"  {reason}")
+            output.say(f"  {reason}")
     if job.tasks:
         print("\ntasks:")
         output.table(("TASK", "ATTEMPT", "STATE", "WORKER", "GPUS", "EXIT", "REASON"), [
@@ -132,14 +133,14 @@ def _job(args: argparse.Namespace) -> int:
 def _cancel(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         job = conn.cancel(args.job_id)
-    print(f"{job.id} {job.state}")
+    output.say(f"{job.id} {job.state}")
     return 0
 
 
 def _explain(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         p = conn.placement(args.job_id)
-    print(f"job {p.job_id} is {p.state}: {p.summary}")
+    output.say(f"job {p.job_id} is {p.state}: {p.summary}")
     rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
              w.reason) for w in p.workers]  # fmt: skip
     if rows:
@@ -151,7 +152,7 @@ def _artifacts(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         if args.download is not None:
             for path in conn.download(args.job_id, args.download):
-                print(path)
+                output.say(str(path))
             return 0
         arts = conn.artifacts(args.job_id)
     output.table(

@@ -1,4 +1,8 @@
-"""``gpulayer logs ID [-f] [--rank N]``, and following a job's output until it ends."""
+"""``gpulayer logs ID [-f] [--rank N] [--raw]``, and following a job's output until it ends.
+
+A job's output is printed through :func:`gpulayer.cli.output.plain` (no terminal
+control sequences) unless ``--raw``.
+"""
 
 import argparse
 import sys
@@ -12,6 +16,7 @@ from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.client.logs import stored_lines
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
+RAW_HELP = "print the output as it is, terminal control sequences included"
 
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
@@ -20,24 +25,28 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
+    logs.add_argument("--raw", action="store_true", help=RAW_HELP)
     logs.set_defaults(func=_logs)
 
 
 def _logs(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         if args.follow:
-            follow(conn, args.job_id, args.rank)
+            follow(conn, args.job_id, args.rank, raw=args.raw)
             return 0
         decoder = MessageDecoder()
         for line in stored_lines(conn, args.job_id):
-            print_line(line, args.rank, decoder)
+            print_line(line, args.rank, decoder, raw=args.raw)
     return 0
 
 
-def print_line(line: contracts.LogLine, rank: int | None, decoder: MessageDecoder) -> None:
+def print_line(
+    line: contracts.LogLine, rank: int | None, decoder: MessageDecoder, *, raw: bool = False
+) -> None:
     """Print one log line (``[rank] text`` for a gang's), unless another rank's.
 
-    A cell's relayed messages print as their plain text.
+    A cell's relayed messages print as their plain text; terminal control
+    sequences are stripped unless ``raw``.
     """
     if rank is not None and line.rank != rank:
         return
@@ -47,15 +56,15 @@ def print_line(line: contracts.LogLine, rank: int | None, decoder: MessageDecode
     if line.rank is not None and rank is None:
         text = f"[{line.rank}] {text}"
     out = sys.stderr if line.stream in _STDERR_STREAMS else sys.stdout
-    print(text, file=out, flush=True)
+    output.say(text, raw=raw, file=out)
 
 
-def follow(conn: Connection, job_id: str, rank: int | None = None) -> int:
+def follow(conn: Connection, job_id: str, rank: int | None = None, *, raw: bool = False) -> int:
     """Stream a job's output until it ends; returns the exit code to mirror."""
     decoder = MessageDecoder()
     try:
         for line in conn.follow_logs(job_id):
-            print_line(line, rank, decoder)
+            print_line(line, rank, decoder, raw=raw)
         job = conn.wait(job_id)
     except KeyboardInterrupt:
         output.note(f"stopped following; job {job_id} keeps running (gpulayer cancel {job_id})")

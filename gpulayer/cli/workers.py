@@ -37,7 +37,7 @@ def _drain(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         w = conn.drain(args.worker, resume=args.cmd == "resume")
     running = f"; {len(w.running_tasks)} task(s) still running" if w.running_tasks else ""
-    print(f"worker {w.name} is {w.state}{running}")
+    output.say(f"worker {w.name} is {w.state}{running}")
     return 0
 
 

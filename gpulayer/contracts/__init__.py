@@ -35,6 +35,7 @@ from .base import (
     Sha256,
     format_duration,
     parse_duration,
+    plain_text,
 )
 from .jobs import (
     TERMINAL_STATES,
@@ -160,4 +161,5 @@ __all__ = [
     "compute_capability_tuple",
     "format_duration",
     "parse_duration",
+    "plain_text",
 ]

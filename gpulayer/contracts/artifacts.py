@@ -5,14 +5,14 @@ from typing import Annotated
 
 from pydantic import AfterValidator, StringConstraints
 
-from .base import API_VERSION, DocumentModel
+from .base import API_VERSION, DocumentModel, plain_text
 
 
 def _relative_name(name: str) -> str:
     parts = name.split("/")
-    if name.startswith("/") or "\x00" in name or any(p in ("", ".", "..") for p in parts):
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError("must be a relative path without '.', '..' or empty parts")
-    return name
+    return plain_text(name)
 
 
 ArtifactName = Annotated[

@@ -3,7 +3,7 @@
 import re
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, StringConstraints
 
 API_VERSION: Final = "gpulayer.dev/v1alpha1"
 API_PREFIX: Final = "/gpulayer/api/v1"
@@ -69,10 +69,35 @@ class DocumentModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+#: What no name, label or other text shown to people may hold: C0 and C1 controls
+#: (newline and tab too), DEL, line and paragraph separators, and the bidirectional
+#: marks, embeddings, overrides and isolates that make text display in another
+#: order than it is stored ("Trojan Source").
+_UNSAFE_TEXT = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def plain_text(value: str) -> str:
+    """``value``, if it holds no control or bidirectional-override characters.
+
+    Raises
+    ------
+    ValueError
+        Naming the first such character.
+    """
+    if found := _UNSAFE_TEXT.search(value):
+        raise ValueError(
+            "must not contain control or bidirectional-override characters"
+            f" (found U+{ord(found.group()):04X})"
+        )
+    return value
+
+
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[\w.\-@ ]+$")]
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[\w.\-/]+$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-LabelValue = Annotated[str, StringConstraints(max_length=256)]
+LabelValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(plain_text)]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 

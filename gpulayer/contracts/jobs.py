@@ -4,7 +4,7 @@ import enum
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from .base import (
     API_VERSION,
@@ -19,6 +19,7 @@ from .base import (
     OptionalDuration,
     RequestModel,
     Sha256,
+    plain_text,
 )
 from .resources import Resources
 
@@ -69,7 +70,7 @@ class FunctionCall(RequestModel):
     python: Annotated[str, StringConstraints(pattern=r"^\d+\.\d+$")] = Field(
         description="major.minor of the Python that pickled it"
     )
-    name: Annotated[str, StringConstraints(max_length=512)] = Field(
+    name: Annotated[str, StringConstraints(max_length=512), AfterValidator(plain_text)] = Field(
         default="", description="the function's qualified name, for people"
     )
     payload: bytes | None = Field(default=None, max_length=INLINE_BYTES)

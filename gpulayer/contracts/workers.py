@@ -4,9 +4,18 @@ import enum
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
-from .base import API_VERSION, Accelerator, DocumentModel, LabelKey, Name, RequestModel
+from .base import (
+    API_VERSION,
+    Accelerator,
+    DocumentModel,
+    LabelKey,
+    LabelValue,
+    Name,
+    RequestModel,
+    plain_text,
+)
 
 
 class WorkerState(enum.StrEnum):
@@ -62,7 +71,7 @@ class WorkerRegistration(RequestModel):
     cpus: int = Field(ge=1)
     memory_bytes: int = Field(ge=0)
     devices: list[Device] = []
-    labels: dict[LabelKey, str] = {}
+    labels: dict[LabelKey, LabelValue] = {}
     slots: int = Field(default=4, ge=1, le=1024, description="tasks it runs at once")
     version: str
     python: Annotated[str, StringConstraints(max_length=32)] = Field(
@@ -74,6 +83,24 @@ class WorkerRegistration(RequestModel):
     address: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
         default=None, description="host or IP other workers reach this one at (gang rendezvous)"
     )
+
+    @field_validator("hostname", "version")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        return plain_text(value)
+
+    @field_validator("devices")
+    @classmethod
+    def _plain_device_names(cls, devices: list[Device]) -> list[Device]:
+        """Device names hold no control or bidi characters (checked here, not in
+        :class:`Device`, which answers share: a registration stored before the
+        check still reads)."""
+        for i, d in enumerate(devices):
+            try:
+                plain_text(d.name)
+            except ValueError as e:
+                raise ValueError(f"device {i}'s name {e}") from None
+        return devices
 
 
 class Registered(DocumentModel):

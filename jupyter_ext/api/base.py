@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pydantic
+from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvider
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client import CollectorRegistry
@@ -61,6 +62,21 @@ class AppState:
     running: Running | None = None
     #: Set once the start hook has opened the store; requests that arrive earlier wait.
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The owner of every Jupyter login the server knows no name for (set at start).
+    anonymous_owner: str = "jupyter"
+
+
+#: jupyter_server's own identity providers: they check a shared token or password,
+#: know no people, and give every login a random "Anonymous" user.
+_NAMELESS_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
+
+
+def jupyter_owner(provider: object, username: str, anonymous_owner: str) -> str:
+    """Whose jobs a Jupyter user's requests are: its name when the server's identity
+    provider knows people (JupyterHub's, or any other subclass), else
+    ``anonymous_owner``, one owner for every token or password login of this server
+    (a random name per connection would split one person's jobs)."""
+    return anonymous_owner if type(provider) in _NAMELESS_PROVIDERS else username
 
 
 class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
@@ -127,7 +143,8 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             and user is not None
             and self.authorizer.is_authorized(self, user, self._action(), AUTH_RESOURCE)
         ):
-            self.principal = Principal(name=user.username, role=state.limits.jupyter_user_role)
+            name = jupyter_owner(self.identity_provider, user.username, state.anonymous_owner)
+            self.principal = Principal(name=name, role=state.limits.jupyter_user_role)
 
     def _check_length(self) -> None:
         length = self.request.headers.get("Content-Length")

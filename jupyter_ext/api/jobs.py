@@ -208,6 +208,7 @@ class BlobsHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Store the body by content."""
         sha, size = await self.gl.blobs.put(self.request.body)
+        await self.gl.jobs.uploaded(sha, self.who)
         self.created(BlobRef(sha256=sha, size=size), sha)
 
 

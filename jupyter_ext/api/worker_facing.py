@@ -83,9 +83,8 @@ class TaskArtifactHandler(GpulayerAPIHandler):
         try:
             name = _ARTIFACT_NAME.validate_python(name)
         except pydantic.ValidationError as e:
-            raise ValidationError(
-                f"artifact name {name!r} must be a relative path without '..'", field="name"
-            ) from e
+            why = e.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ValidationError(f"artifact name {name!r}: {why}", field="name") from e
         art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.request.body)
         self.reply(art, 201)
 

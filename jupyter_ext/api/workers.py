@@ -14,8 +14,8 @@ class WorkersHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("viewer", "submitter")
     async def get(self) -> None:
-        """Every worker with its state and running tasks."""
-        self.reply(WorkerList(workers=await self.gl.workers.all()))
+        """Every worker with its state and running tasks (a submitter's own only)."""
+        self.reply(WorkerList(workers=await self.gl.workers.all(self.who)))
 
 
 class WorkerDrainHandler(GpulayerAPIHandler):
@@ -34,8 +34,8 @@ class WorkerTelemetryHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("viewer", "submitter")
     async def get(self, name: str) -> None:
-        """Answer ``Telemetry``."""
-        self.reply(await self.gl.workers.telemetry(name))
+        """Answer ``Telemetry`` (a submitter sees the readings of its own tasks only)."""
+        self.reply(await self.gl.workers.telemetry(name, self.who))
 
 
 ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [

@@ -1,7 +1,7 @@
 """Reads of jobs, tasks, events, results and artifacts (their writes are
 :mod:`~jupyter_ext.store.writes` statements, built by the transitions)."""
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 from gpulayer.contracts import JobState
 
@@ -164,6 +164,37 @@ class JobQueries(Database):
         """A job's artifacts by name."""
         sql = "SELECT * FROM artifacts WHERE job_id = ? ORDER BY name"
         return [ArtifactRecord.from_row(r) for r in await self._all(sql, (job_id,))]
+
+    async def add_blob_owner(self, sha256: str, owner: str, now: float) -> None:
+        """Record that ``owner`` uploaded blob ``sha256`` (again: no change)."""
+        sql = "INSERT OR IGNORE INTO blob_owners (sha256, owner, uploaded_at) VALUES (?, ?, ?)"
+        await self._write([(sql, (sha256, owner, now))])
+
+    async def owns_blob(self, sha256: str, owner: str) -> bool:
+        """Whether ``owner`` uploaded blob ``sha256``."""
+        sql = "SELECT 1 FROM blob_owners WHERE sha256 = ? AND owner = ?"
+        return await self._one(sql, (sha256, owner)) is not None
+
+    async def owned_task_ids(self, owner: str, task_ids: Iterable[str]) -> set[str]:
+        """The tasks among ``task_ids`` whose job ``owner`` submitted."""
+        ids, mine = sorted(set(task_ids)), set[str]()
+        for i in range(0, len(ids), 500):  # under SQLite's limit on bound values
+            chunk = ids[i : i + 500]
+            sql = (
+                "SELECT t.id FROM tasks t JOIN jobs j ON j.id = t.job_id"
+                f" WHERE j.owner = ? AND t.id IN ({marks(chunk)})"
+            )
+            mine.update(r["id"] for r in await self._all(sql, (owner, *chunk)))
+        return mine
+
+    async def queued_ahead(self, job: JobRecord) -> int:
+        """How many queued jobs come before ``job`` in placement order."""
+        row = await self._one(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'queued'"
+            " AND (priority > ? OR (priority = ? AND seq < ?))",
+            (job.priority, job.priority, job.seq),
+        )
+        return int(row[0]) if row else 0
 
     async def get_artifact(self, job_id: str, name: str) -> ArtifactRecord | None:
         """One artifact of a job."""

@@ -133,6 +133,19 @@ CREATE TABLE IF NOT EXISTS metrics (
 ) WITHOUT ROWID;
 """
 
+# v6: who uploaded each blob: a submitter may name a bundle, payload or pushed
+# variables in a job only when it uploaded those bytes itself (a known sha256 is
+# not read access).
+_SCHEMA_BLOB_OWNERS = """
+CREATE TABLE IF NOT EXISTS blob_owners (
+    sha256      TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    uploaded_at REAL NOT NULL,
+    PRIMARY KEY (sha256, owner)
+) WITHOUT ROWID;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
+MIGRATIONS += (_SCHEMA_BLOB_OWNERS,)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 import gpulayer.client as gl
+from gpulayer import cli
 from gpulayer.errors import InvalidTransition, JobFailed, ValidationError
 
 from ..support import until
@@ -244,3 +245,16 @@ def test_cli_submit_follow_prints_output_live_and_exits_with_the_code(cluster):
     )
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == "gpulayer: error: no job with id 'nope'"
+
+
+def test_the_cli_strips_terminal_escapes_from_job_output_unless_raw(cluster, conn, capsys):
+    evil = r"print('\x1b]0;pwned\x07\x1b[31mred\x1b[0m\x1b[2K'); print('\x9b2Jdone\r')"
+    job = gl.submit([PY, "-c", evil], connection=conn).wait(timeout=30)
+    assert job.state == "succeeded"
+    base = ["--url", cluster.url, "--token", cluster.admin_token]
+    assert cli.main(["logs", job.id, *base]) == 0
+    assert capsys.readouterr().out == "red\ndone\n"
+    assert cli.main(["logs", job.id, "--raw", *base]) == 0
+    assert capsys.readouterr().out == "\x1b]0;pwned\x07\x1b[31mred\x1b[0m\x1b[2K\n\x9b2Jdone\r\n"
+    assert cli.main(["submit", "-f", *base, "--", PY, "-c", evil]) == 0
+    assert capsys.readouterr().out == "red\ndone\n"

@@ -165,8 +165,21 @@ def _evil_bundles() -> dict[str, bytes]:
         info.type, info.linkname = kind, target
         return info, data if kind == tarfile.REGTYPE else None
 
+    def path_max_chain(escape):  # the 2025 trick past the `data` filter (see the unit test)
+        comp, steps, path, out = "d" * 247, "abcdefghijklmnop", "", []
+        for step in steps:
+            out += [member(f"{path}{comp}", kind=tarfile.DIRTYPE),
+                    member(f"{path}{step}", kind=tarfile.SYMTYPE, target=comp)]  # fmt: skip
+            path += comp + "/"
+        chain = "/".join(steps) + "/" + "l" * 254
+        return [member(chain, kind=tarfile.SYMTYPE, target="../" * len(steps)),
+                member("escape", kind=tarfile.SYMTYPE, target=f"{chain}/{escape}"),
+                member("escape/evil-pathmax.txt")]  # fmt: skip
+
     return {
         "dotdot": tar(member("../../../../evil-dotdot.txt")),
+        "path_max": tar(*path_max_chain("../../..")),
+        "inside symlink": tar(member("a.txt"), member("b", kind=tarfile.SYMTYPE, target="a.txt")),
         "absolute": tar(member("/tmp/gpulayer-evil-absolute.txt")),
         "symlink": tar(member("up", kind=tarfile.SYMTYPE, target="../../.."),
                        member("up/evil-symlink.txt")),
@@ -188,6 +201,8 @@ def test_the_worker_refuses_malicious_bundles_and_writes_nothing_outside(fresh_c
             done = until(lambda j=job: (x := conn.job(j.id)).state.terminal and x, what=case)
             assert done.state == "failed", (case, done.reason)
             assert "bundle" in (done.reason or ""), (case, done.reason)
+            if "symlink" in case or case == "path_max":
+                assert "is a symlink" in (done.reason or ""), (case, done.reason)
     # A job is reported ended before the worker removes its task folder: wait for
     # the clean-up (it must happen), then compare with nothing still moving.
     until(lambda: not any(entries(tasks)), what="the worker to remove its task dirs")

@@ -65,6 +65,30 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
     return out
 
 
+def path_max_escape(escape: str) -> bytes:
+    """The 2025 PATH_MAX trick: a chain of symlinks whose resolved path is too long
+    for ``os.path.realpath`` to follow, so the ``data`` filter of a Python without the
+    fix sees a harmless path, then a file is written through it (``escape``, relative
+    to the task's work dir, is where it lands)."""
+    comp, steps, path = "d" * 247, "abcdefghijklmnop", ""
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    for step in steps:
+        members.append(dir_(os.path.join(path, comp)))
+        members.append(link(os.path.join(path, step), comp, tarfile.SYMTYPE))
+        path = os.path.join(path, comp)
+    chain = os.path.join(*steps, "l" * 254)
+    members.append(link(chain, "../" * len(steps), tarfile.SYMTYPE))
+    members.append(link("escape", f"{chain}/{escape}", tarfile.SYMTYPE))
+    members.append(file("escape/evil.txt", b"pwned"))
+    return tar_gz(*members)
+
+
+def dir_(name: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info, None
+
+
 def outside(escape: str) -> str:
     """A path relative to the task's work dir that lands in the sandbox."""
     return "../../../" + escape
@@ -85,6 +109,10 @@ MALICIOUS = {
     "block device": tar_gz(device("disk", tarfile.BLKTYPE)),
     "fifo": tar_gz(device("pipe", tarfile.FIFOTYPE)),
     "not a tar at all": b"\x1f\x8b\x08\x00garbage",
+    "PATH_MAX symlink chain": path_max_escape("../../.."),
+    # links that stay inside are refused too: the packer never makes one
+    "symlink inside the dir": tar_gz(file("a.txt"), link("b.txt", "a.txt", tarfile.SYMTYPE)),
+    "hardlink inside the dir": tar_gz(file("a.txt"), link("b.txt", "a.txt", tarfile.LNKTYPE)),
 }
 
 
@@ -98,6 +126,22 @@ def test_malicious_bundles_are_refused_and_write_nothing(layout, case):
     assert "bundle" in info.value.message
     assert snapshot(sandbox) == before
     assert not Path("/tmp/gpulayer-evil-abs").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "member", "words"),
+    [
+        ("symlink", link("s", "t", tarfile.SYMTYPE), "'s' is a symlink"),
+        ("hardlink", link("h", "t", tarfile.LNKTYPE), "'h' is a hardlink"),
+        ("fifo", device("p", tarfile.FIFOTYPE), "'p' is a device or FIFO"),
+    ],
+)
+def test_the_refusal_names_the_member_and_its_kind(layout, kind, member, words):
+    _sandbox, task = layout
+    with pytest.raises(ValidationError) as info:
+        task.unpack(tar_gz(file("t"), member))
+    assert words in info.value.message, kind
+    assert "only regular files and directories" in info.value.message
 
 
 def test_a_decompression_bomb_is_refused_before_anything_is_written(layout):
@@ -123,14 +167,17 @@ def test_too_many_members_are_refused(layout, monkeypatch):
         task.unpack(many)
 
 
-def test_a_good_bundle_with_inside_links_unpacks(layout, tmp_path):
+def test_a_packed_directory_with_links_unpacks_without_them(layout, tmp_path):
     _sandbox, task = layout
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "mod.py").write_text("X = 1\n")
     (src / "train.py").write_text("print('hi')\n")
+    (src / "alias.py").symlink_to("train.py")  # the packer skips links, so it unpacks
     task.unpack(bundle.pack(src))
     assert (task.work / "pkg" / "mod.py").read_text() == "X = 1\n"
-    inside = tar_gz(file("data/a.txt", b"A"), link("b.txt", "data/a.txt", tarfile.SYMTYPE))
-    task.unpack(inside)
-    assert (task.work / "b.txt").read_text() == "A"
+    assert (task.work / "train.py").read_text() == "print('hi')\n"
+    assert not (task.work / "alias.py").exists()
+    dirs = tar_gz(dir_("empty"), dir_("data"), file("data/a.txt", b"A"))
+    task.unpack(dirs)
+    assert (task.work / "empty").is_dir() and (task.work / "data/a.txt").read_text() == "A"

@@ -127,3 +127,72 @@ def test_jobs_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     assert "submit" in capsys.readouterr().out
+
+
+ESC = "\x1b"
+HOSTILE = {
+    "colour (CSI SGR)": (f"{ESC}[31mred{ESC}[0m", "red"),
+    "cursor up and erase line": (f"ok{ESC}[1A{ESC}[2K", "ok"),
+    "private mode (hide cursor)": (f"{ESC}[?25lx", "x"),
+    "window title (OSC, BEL)": (f"{ESC}]0;pwned{chr(7)}title", "title"),
+    "hyperlink (OSC 8, ST)": (f"{ESC}]8;;http://evil/{ESC}\\click{ESC}]8;;{ESC}\\", "click"),
+    "unended OSC stops at the line end": (f"a{ESC}]52;c;Y2xpcA==\nb", "a\nb"),
+    "device control string": (f"{ESC}P+q544e{ESC}\\x", "x"),
+    "8-bit CSI and OSC": ("\x9b2J\x9d0;t\x07y", "y"),
+    "charset and reset escapes": (f"{ESC}(0{ESC}cz", "z"),
+    "carriage return, backspace, bell, NUL, DEL": ("a\rb\bc\x07d\x00e\x7f", "abcde"),
+    "newline and tab stay": ("a\tb\nc", "a\tb\nc"),
+    "unicode stays": ("ünïcødé ✓ 中文", "ünïcødé ✓ 中文"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_plain_strips_terminal_control(case: str) -> None:
+    text, want = HOSTILE[case]
+    assert cli.output.plain(text) == want
+
+
+def test_tables_notes_and_errors_strip_control_and_keep_rows_on_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cli.output.table(("NAME", "REASON"), [(f"{ESC}]0;x{chr(7)}w1", f"a\nb{ESC}[2J")])
+    out = capsys.readouterr().out
+    assert ESC not in out and out.splitlines()[1].split() == ["w1", "a", "b"]
+    cli.output.note(f"job ended: {ESC}[31mboom")
+    assert capsys.readouterr().err == "job ended: boom\n"
+    cli.output.fail(f"no job {ESC}[8mhidden", 1)
+    assert capsys.readouterr().err == "gpulayer: error: no job hidden\n"
+
+
+def log_page(*texts: str) -> contracts.LogPage:
+    lines = [contracts.LogLine(offset=i, stream="stdout", ts=NOW, text=t)
+             for i, t in enumerate(texts)]  # fmt: skip
+    return contracts.LogPage(lines=lines, next_offset=len(lines), complete=True)
+
+
+def test_logs_strip_escapes_unless_raw(capsys: pytest.CaptureFixture[str]) -> None:
+    page = log_page(f"{ESC}[31mred{ESC}[0m", f"{ESC}]0;title{chr(7)}plain")
+    assert cli.main(["logs", "j1"], connection=mock({"GET jobs/j1/logs": [page]})) == 0
+    assert capsys.readouterr().out == "red\nplain\n"
+    assert cli.main(["logs", "j1", "--raw"], connection=mock({"GET jobs/j1/logs": [page]})) == 0
+    assert capsys.readouterr().out == f"{ESC}[31mred{ESC}[0m\n{ESC}]0;title{chr(7)}plain\n"
+
+
+def test_job_details_and_follow_strip_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+    evil = f"{ESC}[2J{ESC}]0;pwned{chr(7)}"
+    shown = job("failed", reason=f"exit code 3 {evil}", pending_reasons=[f"w1: {evil}busy"])
+    conn = mock({"GET jobs/j1": [shown], "GET jobs/j1/events": [contracts.EventList(events=[])]})
+    assert cli.main(["job", "j1"], connection=conn) == 0
+    out = capsys.readouterr().out
+    assert ESC not in out and "\x07" not in out
+    assert "reason:    exit code 3 \n" in out and "  w1: busy\n" in out
+    ended = job("failed", exit_code=3, started_at=NOW, ended_at=NOW, reason=f"boom{evil}")
+    conn = mock({
+        "POST jobs": [job()],
+        "GET jobs/j1/logs": [log_page(f"{ESC}[1Aup"), log_page()],
+        "GET jobs/j1/wait": [ended],
+    })  # fmt: skip
+    assert cli.main(["submit", "-f", "--", "true"], connection=conn) == 3
+    captured = capsys.readouterr()
+    assert captured.out == "up\n"
+    assert ESC not in captured.err and captured.err.endswith(": boom\n")
