@@ -133,6 +133,14 @@ CREATE TABLE IF NOT EXISTS metrics (
 ) WITHOUT ROWID;
 """
 
+# v6: a task's own API token (jobs with api_access), revoked when the task ends.
+_SCHEMA_V6 = """
+ALTER TABLE tokens ADD COLUMN task_id TEXT;
+CREATE INDEX IF NOT EXISTS tokens_by_task ON tokens (task_id);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
+MIGRATIONS: tuple[str, ...] = (
+    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6,
+)  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)
