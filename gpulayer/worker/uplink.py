@@ -38,6 +38,9 @@ BACKOFF_START_SECONDS = 0.2
 BACKOFF_CAP_SECONDS = 2.0
 
 Content = bytes | Callable[[], AsyncIterator[bytes]]
+#: Answers to a registration with the worker's own credential that mean it is no
+#: longer good here: unknown or revoked, another worker's, or no such worker.
+_CREDENTIAL_REFUSED = frozenset({401, 403, 404, 409})
 
 
 class Request(TypedDict, total=False):
@@ -133,18 +136,20 @@ class Uplink:
 
     async def _register_as_itself(self, body: c.WorkerRegistration) -> httpx.Response | None:
         """``workers/{id}/register`` with the kept credential; None when there is none
-        or the control plane refuses it (it forgot or evicted this worker)."""
+        or the control plane refuses it (it forgot or evicted this worker: the
+        credential is dropped, and the join token tried, now and from now on)."""
         cred = self._credential
         if cred is None:
             return None
         path = f"workers/{cred.worker_id}/register"
         resp = await self._send("POST", path, token=cred.token, body=body)
-        if 400 <= resp.status_code < 500:
+        if resp.status_code in _CREDENTIAL_REFUSED:
             log.warning(
                 "worker %s: its credential was refused (%s); registering with the join token",
                 self._name,
                 describe(resp),
             )
+            self._credential = None
             return None
         return resp
 

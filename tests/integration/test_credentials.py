@@ -219,13 +219,25 @@ def test_a_job_calls_gpulayer_only_with_api_access_as_its_owner(fresh_cluster):
                                 connection=conn).wait(timeout=60)  # fmt: skip
             assert without.logs()[-1] == "None"
 
+            # A session's kernel holds a token for as long as the session runs.
+            session = cells.ensure_session(conn, "driver", api_access=True)
+            src = "import os\ntok = os.environ['GPULAYER_TOKEN']"
+            tok = cells.submit(conn, src, session="driver", pull=["tok"]).result()["tok"]
+            with Connection(c.url, tok) as kernel:
+                assert {j.owner for j in kernel.jobs()} == {"ada"}
+                conn.end_session("driver")
+                until(lambda: conn.job(session.job_id).state.terminal, what="the session to end")
+                with pytest.raises(errors.AuthError):
+                    kernel.jobs()
+
         # An admin's job never gets admin rights.
         mine = gl.submit([PY, "-c", NESTED], api_access=True, connection=admin).wait(timeout=120)
         lines = mine.logs()
         assert mine.state == "succeeded", lines
         assert field(lines, "TOKENS") == "forbidden" and field(lines, "OWNERS") == "admin"
         task_tokens = [t for t in admin.tokens() if t.task_id is not None]
-        assert {(t.name, t.role, t.state) for t in task_tokens} == {
+        assert sorted((t.name, t.role, t.state) for t in task_tokens) == [
             ("ada", "submitter", "revoked"),
+            ("ada", "submitter", "revoked"),  # the session's
             ("admin", "submitter", "revoked"),
-        }
+        ]
