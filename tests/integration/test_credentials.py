@@ -81,6 +81,7 @@ def test_no_credential_reaches_a_command_function_cell_session_or_rank(fresh_clu
         c.add_worker("leaky", slots=4, env={"GPULAYER_TOKEN": c.admin_token,
                      "JUPYTER_TOKEN": c.jupyter_token, "A_TOKEN_BY_ANY_NAME": ada})  # fmt: skip
         credential = c.data_dir / "workers" / "leaky" / "credential.json"
+        until(credential.exists, what="the worker to keep its credential")
         assert stat.S_IMODE(credential.stat().st_mode) == 0o600
         worker_token = json.loads(credential.read_text())["token"]
         secrets = {c.admin_token, c.join_token, c.jupyter_token, ada, worker_token}
@@ -153,6 +154,7 @@ def test_a_restarted_worker_reattaches_and_a_forgotten_name_joins_again(fresh_cl
     credential = c.data_dir / "workers" / "local-1" / "credential.json"
     with c.connection() as conn:
         (first,) = conn.workers()
+        until(credential.exists, what="the worker to keep its credential")
         assert json.loads(credential.read_text())["worker_id"] == first.id
 
         # A restart (even a SIGKILL) with the same data dir: the same worker again.
@@ -171,10 +173,19 @@ def test_a_restarted_worker_reattaches_and_a_forgotten_name_joins_again(fresh_cl
             timeout=30, what="the forgotten worker to join again",
         )  # fmt: skip
         assert back[0].id != first.id
-        assert json.loads(credential.read_text())["worker_id"] == back[0].id
+        kept = lambda: json.loads(credential.read_text())["worker_id"] == back[0].id  # noqa: E731
+        until(kept, what="the agent to keep its new credential")
         assert stat.S_IMODE(credential.stat().st_mode) == 0o600
         with pytest.raises(errors.NotFound):
             conn.forget_worker("no-such-worker")
+
+        # A local worker whose folder lost its credential (or predates credentials):
+        # LocalCluster (`gpulayer up`) forgets the registration it cannot reclaim.
+        c.stop_worker("local-1")
+        credential.unlink()
+        c.add_worker("local-1", slots=1)
+        (fresh,) = conn.workers()
+        assert fresh.id != back[0].id and fresh.state == "ready"
 
 
 NESTED = """
