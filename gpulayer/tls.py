@@ -12,6 +12,10 @@ a wrong pin fails before the token or any body leaves the machine (ADR 0009).
 Without a fingerprint, ``https://`` URLs are verified the usual way, against
 the CA bundle (httpx's default, or ``SSL_CERT_FILE``).
 
+Tokens never travel in clear text off this machine: :func:`refuse_clear_text`
+refuses an ``http://`` URL whose host is not loopback unless the user opted in
+(``insecure=True``, ``--insecure``, ``GPULAYER_INSECURE=1``).
+
 ``cryptography`` is imported only to generate a certificate.
 """
 
@@ -25,6 +29,7 @@ import ssl
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpulayer.errors import ConfigError
 
@@ -139,6 +144,36 @@ def verify_for(url: str, fingerprint: str | None) -> ssl.SSLContext | bool:
             " the control plane serves TLS at https://..."
         )
     return pinned_context(fingerprint)
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine by its name or address alone
+    (``localhost``, ``127.0.0.0/8``, ``::1``); no name is looked up."""
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_clear_text(url: str, insecure: bool, opt_in: str) -> None:
+    """Refuse to send a token over plain ``http://`` to another machine.
+
+    Raises
+    ------
+    ConfigError
+        For an ``http://`` URL whose host is not loopback, unless ``insecure``;
+        the message says how to fix it, and how to opt in (``opt_in``).
+    """
+    if insecure or not url.startswith("http://") or is_loopback_url(url):
+        return
+    raise ConfigError(
+        f"refusing to send a gpulayer token in clear text to {url} (not this machine);"
+        " use the https:// URL and fingerprint `gpulayer up` printed, or"
+        f" {opt_in} if this network is trusted"
+    )
 
 
 def mismatch_in(exc: BaseException) -> PinMismatch | None:

@@ -9,6 +9,8 @@ decides which *things* it may touch there:
   it may name in a job only the blobs it uploaded itself;
 - a ``worker`` acts only for its own worker id, on tasks placed on it, and reads
   only the bundles, payloads and pushed variables of its own active tasks;
+- a ``join`` token registers only *new* worker names; registering an existing
+  name again takes that worker's own token (docs/adr/0070-worker-credentials.md);
 - everyone else who may call a route (``admin``, ``viewer``, the Jupyter user)
   sees everything there (a ``viewer`` is a read-only operator: the whole fleet,
   every job; see ``docs/security.md``).
@@ -19,10 +21,10 @@ A ``viewer`` argument of ``None`` is the control plane itself (the sweep, tests)
 from collections.abc import Iterable
 
 from gpulayer.contracts import Telemetry, Worker
-from gpulayer.errors import Forbidden, NotFound
+from gpulayer.errors import Conflict, Forbidden, NotFound
 
 from .auth import Principal
-from .store import JobRecord, Store, TaskRecord
+from .store import JobRecord, Store, TaskRecord, WorkerRecord
 
 
 def owner_scope(viewer: Principal | None) -> str | None:
@@ -73,6 +75,41 @@ def own_worker(viewer: Principal | None, worker_id: str) -> None:
     """Refuse a worker token acting for another worker (403)."""
     if viewer is not None and viewer.role == "worker" and viewer.worker_id != worker_id:
         raise Forbidden("a worker token may only act for its own worker")
+
+
+def may_register(
+    who: Principal | None, name: str, existing: WorkerRecord | None, worker_id: str | None
+) -> None:
+    """Refuse a registration ``who`` may not make.
+
+    Through ``workers/register`` (``worker_id`` None) a join token registers only a
+    name no worker holds; through ``workers/{worker_id}/register`` a worker token
+    registers only its own worker, under its own name. An admin (and the control
+    plane itself) may do either for any worker.
+
+    Raises
+    ------
+    Conflict
+        A join token naming a registered worker, or a worker renaming itself (409,
+        field ``name``).
+    Forbidden
+        A worker token acting for another worker (403).
+    """
+    if worker_id is None:
+        if existing is not None and who is not None and who.role != "admin":
+            raise Conflict(
+                f"a worker named {name!r} is registered already, and a join token registers"
+                " only new names; restart that worker with its data dir (it keeps its own"
+                f" credential there), or have an admin run `gpulayer workers forget {name}`",
+                field="name",
+            )
+        return
+    own_worker(who, worker_id)
+    if existing is None or existing.id != worker_id:
+        raise Conflict(
+            f"worker {worker_id} is not registered as {name!r}; a worker keeps its name",
+            field="name",
+        )
 
 
 def own_task(viewer: Principal | None, task: TaskRecord) -> TaskRecord:

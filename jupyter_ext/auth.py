@@ -13,9 +13,13 @@ Roles (``requires`` always admits ``admin``):
 ``submitter``  submit jobs and upload bundles; see, follow and cancel only its
                own jobs (owner = the token's name), their logs and artifacts
 ``viewer``     every read route, nothing that changes state
-``join``       register workers (reusable, or single-use, with expiry)
+``join``       register new workers (reusable, or single-use, with expiry)
 ``worker``     issued at registration; only its own worker and tasks
 =============  ============================================================
+
+A job with ``api_access`` gives its task a token of its own
+(:meth:`TokenService.for_task`): named after the job's owner, role ``submitter``
+whatever the owner's role, revoked in the transaction that ends the task.
 
 Revocation is immediate: the next request with the token is 401, and a long
 poll that is open when it is revoked (or expires) ends with 401 at once
@@ -41,7 +45,8 @@ from typing import Any
 from gpulayer.contracts import CreatedToken, CreateToken, Token, TokenState
 from gpulayer.errors import AuthError, Conflict, Forbidden, NotFound, RateLimited
 
-from .store import Store, TokenRecord, as_datetime, as_optional_datetime
+from .store import Statement, Store, TokenRecord, as_datetime, as_optional_datetime
+from .store.writes import insert_token
 
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 #: Roles an admin may mint; ``worker`` tokens come only from registration.
@@ -177,9 +182,35 @@ class TokenService:
         )
         return token
 
+    def for_task(self, owner: str, task_id: str) -> tuple[str, Statement]:
+        """A task's own token (a job with ``api_access``) and the statement that stores
+        it, for the caller's transaction.
+
+        It acts as the job's owner with the role ``submitter``, whatever the owner's
+        role (an admin's job never gets admin rights), and ends with the task
+        (``transitions.task_end`` revokes it).
+        """
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        record = TokenRecord(
+            id=uuid.uuid4().hex[:12],
+            name=owner,
+            role="submitter",
+            hash=hash_token(token),
+            created_at=self.clock(),
+            expires_at=None,
+            revoked_at=None,
+            worker_id=None,
+            single_use=False,
+            used_at=None,
+            task_id=task_id,
+        )
+        return token, insert_token(record)
+
     async def mint(self, req: CreateToken) -> CreatedToken:
-        """``POST tokens``: a named token; 409 while another active one has the name."""
-        if any(self._state(r) == "active" for r in await self.store.tokens_named(req.name)):
+        """``POST tokens``: a named token; 409 while another active one has the name
+        (tasks' own tokens, named after their owner, do not count)."""
+        named = await self.store.tokens_named(req.name)
+        if any(self._state(r) == "active" and r.task_id is None for r in named):
             raise Conflict(
                 f"an active token named {req.name!r} exists; revoke it first", field="name"
             )
@@ -354,6 +385,7 @@ class TokenService:
             revoked_at=as_optional_datetime(row.revoked_at),
             single_use=row.single_use,
             worker_id=row.worker_id,
+            task_id=row.task_id,
         )
 
 

@@ -48,6 +48,11 @@ class Fleet:
             known = {w.id: w.name for w in await self.views()}
         return known
 
+    def forget(self, worker_id: str) -> None:
+        """Drop what is kept in memory about a worker that was forgotten."""
+        self._views.pop(worker_id, None)
+        self._telemetry.pop(worker_id, None)
+
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
         """Keep one heartbeat's readings."""
         self._telemetry[worker_id].append(

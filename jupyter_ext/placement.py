@@ -224,7 +224,7 @@ def waiting_report(
             job_id=job_id,
             state=state,
             satisfiable=False,
-            summary="no workers have registered; start one with `gpulayer join URL --token T`",
+            summary="no workers have registered; start one with `gpulayer join URL`",
         )
     fits = []
     for w in views:

@@ -270,6 +270,7 @@ class SessionService:
                 "resources": req.resources,
                 "env": req.env,
                 "labels": req.labels,
+                "api_access": req.api_access,
             }
         )
         job = await self._jobs.submit(spec, owner)

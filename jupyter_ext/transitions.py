@@ -83,11 +83,12 @@ def job_to(
 def task_end(
     now: float, task: TaskRecord, state: JobState, exit_code: int | None, reason: str | None
 ) -> list[Statement]:
-    """End ``task`` in ``state``."""
+    """End ``task`` in ``state``; its own API token (api_access) ends with it."""
     check(task.state, state, "task", task.id)
     return [
         w.set_task_ended(task.id, state, exit_code, reason, now),
         w.insert_event(task.job_id, task.id, now, state, reason),
+        w.revoke_task_tokens(task.id, now),
     ]
 
 

@@ -24,21 +24,20 @@ from gpulayer.contracts import (
     WorkerRegistration,
     WorkerState,
 )
-from gpulayer.errors import Conflict
 
 from . import access, gangs
 from .auth import Principal, TokenService
 from .core import Core, new_id
 from .placer import Placer
 from .store import Statement, TaskRecord, WorkerRecord
+from .store.writes import delete_worker
 from .streams import worker_key
-from .transitions import started
+from .transitions import started, unplaced
 
 log = logging.getLogger("gpulayer.workers")
 
 #: Registration fields kept as the worker's ``info``.
 _INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python", "address"}
-_CONNECTED = (WorkerState.ready, WorkerState.draining)
 
 
 class Workers:
@@ -70,13 +69,43 @@ class Workers:
 
     # ------------------------------------------------------------ register
 
-    async def register(self, reg: WorkerRegistration) -> Registered:
-        """Admit a worker (new, or the same name coming back) and reconcile its tasks."""
+    async def register(
+        self,
+        reg: WorkerRegistration,
+        who: Principal | None = None,
+        *,
+        worker_id: str | None = None,
+        presented: str | None = None,
+    ) -> Registered:
+        """Admit a worker (new, or the same name coming back) and reconcile its tasks.
+
+        Parameters
+        ----------
+        reg
+            What the worker says about itself.
+        who
+            Who registers it (None: the control plane itself, trusted): a join token
+            may only register a new name (``access.may_register``).
+        worker_id
+            Set by ``workers/{worker_id}/register``: the worker registering again
+            with its own token.
+        presented
+            That worker token; the worker keeps it (no new token is minted), so an
+            answer lost on the way never locks the worker out.
+
+        Raises
+        ------
+        Conflict
+            A join token naming a registered worker (409, field ``name``).
+        Forbidden
+            A worker token registering another worker.
+        """
         core = self._core
         now = core.clock()
         async with core.lock:
             existing = await core.store.worker_by_name(reg.name)
-            self._refuse_duplicate(reg, existing, now)
+            access.may_register(who, reg.name, existing, worker_id)
+            coming_back = worker_id is not None
             worker_id = existing.id if existing is not None else new_id()
             draining = existing is not None and existing.draining
             await core.store.upsert_worker(
@@ -93,8 +122,7 @@ class Workers:
                     draining=draining,
                 )
             )
-            await self._tokens.revoke_worker(worker_id)
-            token = await self._tokens.create(f"worker:{reg.name}", "worker", worker_id=worker_id)
+            token = await self._token_for(reg.name, worker_id, who, coming_back, presented)
             kill = await self._reconcile(worker_id, reg.running_tasks, now, grace=0.0)
             await self.rearm_cancels(worker_id)
         log.info("worker %s (%s) registered", reg.name, worker_id)
@@ -107,22 +135,53 @@ class Workers:
             kill_tasks=kill,
         )
 
-    def _refuse_duplicate(
-        self, reg: WorkerRegistration, existing: WorkerRecord | None, now: float
-    ) -> None:
-        """Refuse a name that a worker on another host is connected with."""
-        recent = now - 3 * self._core.settings.heartbeat_seconds
-        if (
-            existing is not None
-            and existing.hostname != reg.hostname
-            and existing.state in _CONNECTED
-            and (existing.last_heartbeat or 0) > recent
-        ):
-            raise Conflict(
-                f"a worker named {reg.name!r} is connected from {existing.hostname};"
-                " pick another --name",
-                field="name",
-            )
+    async def _token_for(
+        self,
+        name: str,
+        worker_id: str,
+        who: Principal | None,
+        coming_back: bool,
+        presented: str | None,
+    ) -> str:
+        """The token a registration answers: a worker coming back keeps its own (its
+        tokens stay valid); any other registration revokes the worker's tokens and
+        mints a new one (an admin re-registering a worker mints one beside them)."""
+        if coming_back and who is not None and who.role == "worker" and presented:
+            return presented
+        if not coming_back:
+            await self._tokens.revoke_worker(worker_id)
+        return await self._tokens.create(f"worker:{name}", "worker", worker_id=worker_id)
+
+    async def forget(self, name: str) -> None:
+        """Forget a worker, so that a join token may register its name again (a
+        reinstalled machine): its tokens are revoked, its tasks end ``lost`` (retried
+        while retries last; a task not started yet goes back to the queue).
+
+        Raises
+        ------
+        NotFound
+            For an unknown worker.
+        """
+        core = self._core
+        async with core.lock:
+            row = await core.store.find_worker(name)
+            await self._tokens.revoke_worker(row.id)
+            why = "its worker was forgotten by an admin"
+            stmts: list[Statement] = []
+            jobs = []
+            for t in await core.store.active_tasks(row.id):
+                jobs.append(t.job_id)
+                if t.state == JobState.running:
+                    stmts += await core.finish(t, JobState.lost, None, why)
+                else:
+                    stmts += unplaced(core.clock(), await core.job(t.job_id), t, why)
+            stmts.append(delete_worker(row.id))
+            await core.store.apply(stmts)
+            core.fleet.forget(row.id)
+        for job_id in jobs:
+            core.notify_job(job_id)
+        log.info("worker %s (%s) forgotten", row.name, row.id)
+        await self._placer.schedule()
 
     # ----------------------------------------------------------- heartbeat
 
@@ -222,13 +281,21 @@ class Workers:
         job = await core.job(task.job_id)
         core.instruments.dispatch_latency.observe(max(0.0, now - task.created_at))
         stmts += started(now, job, task, now + core.settings.lease_seconds)
+        spec = core.spec(job)
+        api_token = None
+        # A cell in a session runs in the session's kernel: the session's own
+        # api_access decides what that kernel holds.
+        if spec.api_access and spec.in_session is None:
+            api_token, stmt = self._tokens.for_task(job.owner, task.id)
+            stmts.append(stmt)
         return Assignment(
             task_id=task.id,
             job_id=task.job_id,
             attempt=task.attempt,
-            spec=core.spec(job).model_copy(),
+            spec=spec.model_copy(),
             gpu_indices=list(task.gpu_indices),
             gang=gangs.gang_of(task),
+            api_token=api_token,
         )
 
     # --------------------------------------------------------------- drain

@@ -3,10 +3,10 @@
 ::
 
     gpulayer up                       control plane + a local worker on this machine
-    gpulayer join URL --token T       run a worker that serves URL
+    gpulayer join URL                 run a worker that serves URL
     gpulayer submit [-f] -- CMD ...   submit a command; -f streams its output
     gpulayer jobs | job ID | logs ID [-f] | cancel ID | artifacts ID [--download DIR]
-    gpulayer workers
+    gpulayer workers [forget NAME]
     gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
     gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
     gpulayer demo                     a tour on a throw-away local cluster

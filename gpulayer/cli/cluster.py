@@ -16,6 +16,7 @@ It owns its processes and nothing else: no atexit hooks, no signal handlers.
 process it started, by PID, workers first.
 """
 
+import contextlib
 import logging
 import os
 import secrets
@@ -44,7 +45,8 @@ from gpulayer.cli.processes import (
     spawn,
 )
 from gpulayer.client import Connection
-from gpulayer.errors import GpulayerError
+from gpulayer.errors import GpulayerError, NotFound
+from gpulayer.worker import credential
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +356,8 @@ class LocalCluster:
             name = f"local-{self._worker_count}"
         if name in self._workers:
             raise GpulayerError(f"a local worker named {name!r} is already running")
+        if not (self.data_dir / "workers" / name / credential.FILENAME).exists():
+            self._forget_stale(name)
         argv = [sys.executable, "-m", "gpulayer", "join", self.url,
                 "--name", name, "--slots", str(slots or self.slots),
                 "--data-dir", str(self.data_dir / "workers" / name)]  # fmt: skip
@@ -369,6 +373,14 @@ class LocalCluster:
             argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir
         )
         return name
+
+    def _forget_stale(self, name: str) -> None:
+        """Forget a registration of ``name`` that its local worker cannot reclaim: its
+        folder holds no credential (it is new, was lost, or predates worker
+        credentials), and a join token registers only free names (ADR 0070)."""
+        with self.connection() as conn, contextlib.suppress(NotFound):
+            conn.forget_worker(name)
+            log.info("forgot an earlier registration of local worker %s", name)
 
     def _control_plane_argv(self) -> list[str]:
         argv = [

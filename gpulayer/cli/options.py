@@ -21,6 +21,8 @@ def connection_options() -> argparse.ArgumentParser:
     conn.add_argument("--token", default=argparse.SUPPRESS, help="gpulayer token")
     conn.add_argument("--fingerprint", default=argparse.SUPPRESS, metavar="sha256:...",
                       help="pinned TLS certificate (`gpulayer up` prints it)")  # fmt: skip
+    conn.add_argument("--insecure", action="store_true", default=argparse.SUPPRESS,
+                      help="send the token over http:// to another host (clear text)")  # fmt: skip
     return conn
 
 
@@ -30,6 +32,9 @@ def connect(args: argparse.Namespace) -> Connection:
     if given is not None:
         return given
     cfg = config.resolve(
-        getattr(args, "url", None), getattr(args, "token", None), getattr(args, "fingerprint", None)
+        getattr(args, "url", None),
+        getattr(args, "token", None),
+        getattr(args, "fingerprint", None),
+        getattr(args, "insecure", False),
     )
-    return Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
+    return Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint, insecure=cfg.insecure)

@@ -39,11 +39,14 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 
     join = sub.add_parser("join", help="run a worker for the control plane at URL")
     join.add_argument("join_url", metavar="URL")
-    join.add_argument("--token", default=os.environ.get("GPULAYER_JOIN_TOKEN"),
-                      required=not os.environ.get("GPULAYER_JOIN_TOKEN"),
-                      help="the join token `gpulayer up` printed")  # fmt: skip
+    join.add_argument("--token-file", type=Path, metavar="FILE",
+                      help="read the join token from FILE (else $GPULAYER_JOIN_TOKEN)")  # fmt: skip
+    join.add_argument("--token", help="the join token itself (other users see it in `ps`:"
+                      " prefer GPULAYER_JOIN_TOKEN or --token-file)")  # fmt: skip
     join.add_argument("--fingerprint", default=os.environ.get("GPULAYER_FINGERPRINT"),
                       metavar="sha256:...", help="pin the server's TLS certificate")  # fmt: skip
+    join.add_argument("--insecure", action="store_true",
+                      help="send tokens over http:// to another machine (clear text)")  # fmt: skip
     join.add_argument("--name", help="worker name (default: the hostname)")
     join.add_argument("--slots", type=int, default=4, help="tasks run at once")
     join.add_argument("--address", metavar="HOST",
@@ -118,6 +121,7 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
         saved = config.save(config.ConnectionConfig(url=url, token=cluster.admin_token,
                                                     fingerprint=cluster.fingerprint))  # fmt: skip
     pin = f" --fingerprint {cluster.fingerprint}" if cluster.fingerprint else ""
+    # Not on the join command line: other users of that machine could read it in `ps`.
     print(f"control plane:   {url}")
     if cluster.fingerprint:
         print(f"TLS certificate: {cluster.fingerprint}")
@@ -125,7 +129,8 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
     print(f"local workers:   {', '.join(cluster.workers) or 'none'}")
     print(f"connection:      {'saved to ' + str(saved) if saved else 'not saved'}")
     print("join from another machine:")
-    print(f"  gpulayer join {remote_url} --token {cluster.join_token}{pin}")
+    print(f"  export GPULAYER_JOIN_TOKEN={cluster.join_token}")
+    print(f"  gpulayer join {remote_url}{pin}")
     if args.host.startswith("127.") or args.host in ("localhost", "::1"):
         print(
             f"  (listening on {args.host} only: use `gpulayer up --host 0.0.0.0` (TLS on)"
@@ -141,17 +146,53 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
     output.note("press Ctrl-C to stop")
 
 
+def join_token(args: argparse.Namespace) -> str:
+    """The join token of ``gpulayer join``: ``--token-file``, else ``--token`` (with a
+    warning), else ``$GPULAYER_JOIN_TOKEN``, which is dropped from this process's
+    environment either way, so nothing the worker starts inherits it.
+
+    Raises
+    ------
+    ConfigError
+        When there is none, or the file cannot be read.
+    """
+    from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None)
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise errors.ConfigError(
+                f"cannot read the join token from {args.token_file}: {e.strerror or e}"
+            ) from e
+        if not token:
+            raise errors.ConfigError(f"{args.token_file} is empty; it should hold the join token")
+        return str(token)
+    if args.token:
+        output.note(
+            "gpulayer: warning: --token is visible to other users of this machine (`ps`);"
+            " use GPULAYER_JOIN_TOKEN or --token-file FILE"
+        )
+        return str(args.token)
+    if from_env:
+        return from_env
+    raise errors.ConfigError(
+        "no join token: set GPULAYER_JOIN_TOKEN or pass --token-file FILE"
+        " (the join.token in the control plane's data dir, or what `gpulayer up` printed)"
+    )
+
+
 def _join(args: argparse.Namespace) -> int:
+    token = join_token(args)
     try:
         from gpulayer.worker import AgentConfig
         from gpulayer.worker import main as agent_main
     except ImportError as e:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
     cfg = AgentConfig(
-        url=args.join_url, token=args.token, name=args.name, slots=args.slots,
+        url=args.join_url, token=token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
-        address=args.address,
+        address=args.address, insecure=args.insecure,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

@@ -1,4 +1,4 @@
-"""``gpulayer workers | drain NAME | resume NAME``."""
+"""``gpulayer workers [forget NAME] | drain NAME | resume NAME``."""
 
 import argparse
 from collections.abc import Sequence
@@ -11,7 +11,14 @@ from gpulayer.cli.options import connect
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add the worker commands to the ``gpulayer`` parser."""
-    sub.add_parser("workers", parents=[conn], help="list workers").set_defaults(func=_workers)
+    workers = sub.add_parser("workers", parents=[conn], help="list workers")
+    workers.set_defaults(func=_workers)
+    actions = workers.add_subparsers(dest="action", metavar="{forget}")
+    forget = actions.add_parser(
+        "forget", parents=[conn], help="forget a worker so its name may join again (admin)"
+    )
+    forget.add_argument("worker", metavar="NAME")
+    forget.set_defaults(func=_forget)
     for name, text in (("drain", "finish a worker's tasks, give it no new ones"),
                        ("resume", "give a drained worker tasks again")):  # fmt: skip
         p = sub.add_parser(name, parents=[conn], help=text)
@@ -30,6 +37,16 @@ def _workers(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     output.table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "GPU USE", "CPUS", "MEMORY",
                   "HEARTBEAT"), rows)  # fmt: skip
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        conn.forget_worker(args.worker)
+    print(
+        f"worker {args.worker} forgotten: its tokens are revoked, its tasks ended lost"
+        " (retried while retries last), and a join token may register the name again"
+    )
     return 0
 
 

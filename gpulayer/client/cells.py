@@ -85,9 +85,15 @@ def log_text(line: contracts.LogLine, decoder: MessageDecoder) -> str | None:
 
 
 def ensure_session(
-    conn: Connection, name: str, *, idle_timeout: str | float | None = None, **resources: Any
+    conn: Connection,
+    name: str,
+    *,
+    idle_timeout: str | float | None = None,
+    api_access: bool = False,
+    **resources: Any,
 ) -> contracts.Session:
-    """The session ``name``, started with ``resources`` when it does not exist yet."""
+    """The session ``name``, started with ``resources`` when it does not exist yet
+    (``api_access``: its kernel may call gpulayer, see ``JobSpec.api_access``)."""
     try:
         return conn.session(name)
     except errors.NotFound:
@@ -98,6 +104,7 @@ def ensure_session(
         name=name,
         resources=specs.resources(resources),
         idle_timeout=idle_timeout,
+        api_access=api_access,
     )
     try:
         return conn.create_session(req)
@@ -117,9 +124,12 @@ def cell_spec(
     pull: Sequence[str] = (),
     timeout: str | float | None = None,
     name: str | None = None,
+    api_access: bool = False,
     **resources: Any,
 ) -> contracts.JobSpec:
-    """The job of one cell; pushed variables go inline when small, else as a blob.
+    """The job of one cell; pushed variables go inline when small, else as a blob
+    (``api_access``: a cell in a fresh kernel may call gpulayer; in a session, the
+    session's own ``api_access`` decides).
 
     Raises
     ------
@@ -142,6 +152,7 @@ def cell_spec(
         name=name,
         cell=cell,
         timeout=timeout,
+        api_access=api_access,
         resources=specs.resources(resources) if session is None else {},
     )
 

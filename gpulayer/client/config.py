@@ -11,6 +11,9 @@ first place that has it:
 
 A token or fingerprint from the file is only used for the URL the file was written
 for, so an explicit URL never silently receives the admin token of another server.
+A token is never sent over ``http://`` to another machine unless the user opts in
+(``insecure=True``, ``--insecure`` or ``GPULAYER_INSECURE=1``; see
+:func:`gpulayer.tls.refuse_clear_text`).
 """
 
 import json
@@ -35,6 +38,7 @@ class ConnectionConfig(BaseModel):
     url: str
     token: str
     fingerprint: str | None = None
+    insecure: bool = False  # tokens over http:// to another machine all the same
 
 
 def config_path() -> Path:
@@ -88,14 +92,17 @@ def save(cfg: ConnectionConfig, path: Path | None = None) -> Path:
     # world-readable, not even between open() and chmod().
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(cfg.model_dump(exclude_none=True), f, indent=2)
+        json.dump(cfg.model_dump(exclude_none=True, exclude_defaults=True), f, indent=2)
         f.write("\n")
     path.chmod(0o600)
     return path
 
 
 def resolve(
-    url: str | None = None, token: str | None = None, fingerprint: str | None = None
+    url: str | None = None,
+    token: str | None = None,
+    fingerprint: str | None = None,
+    insecure: bool = False,
 ) -> ConnectionConfig:
     """The connection to use: explicit arguments, then the environment, then the file.
 
@@ -103,6 +110,9 @@ def resolve(
     ----------
     url, token, fingerprint
         Explicit values; they win over everything else.
+    insecure
+        Allow the token over ``http://`` to another machine (also
+        ``GPULAYER_INSECURE=1``, or a saved connection that says so).
 
     Raises
     ------
@@ -112,20 +122,21 @@ def resolve(
     url = url or os.environ.get("GPULAYER_URL") or None
     token = token or os.environ.get("GPULAYER_TOKEN") or None
     fingerprint = fingerprint or os.environ.get("GPULAYER_FINGERPRINT") or None
+    insecure = insecure or os.environ.get("GPULAYER_INSECURE", "").lower() in ("1", "true", "yes")
     if url is None or token is None or fingerprint is None:
         saved = load()
         if saved is not None:
             if url is None:
                 url = saved.url
-            if token is None and _same_url(url, saved.url):
-                token = saved.token
-            if fingerprint is None and _same_url(url, saved.url):
-                fingerprint = saved.fingerprint
+            if _same_url(url, saved.url):
+                token = token or saved.token
+                fingerprint = fingerprint or saved.fingerprint
+                insecure = insecure or saved.insecure
     if not url:
         raise ConfigError(f"no gpulayer control plane is configured; {_HOW_TO_FIX}")
     if not token:
         raise ConfigError(f"no gpulayer token for {url}; {_HOW_TO_FIX}")
-    return ConnectionConfig(url=url, token=token, fingerprint=fingerprint)
+    return ConnectionConfig(url=url, token=token, fingerprint=fingerprint, insecure=insecure)
 
 
 def _same_url(a: str, b: str) -> bool:

@@ -59,11 +59,15 @@ class Connection:
         The pinned ``sha256:...`` of the server's certificate (what ``gpulayer
         up`` prints): trust exactly that certificate, not a CA. Without it an
         ``https://`` URL is verified against the CA bundle.
+    insecure
+        Send the token over ``http://`` to another machine all the same (clear
+        text: only on a network you trust). Loopback and ``https://`` need no opt-in.
 
     Raises
     ------
     ConfigError
-        If ``url`` is not an http(s) URL, or a fingerprint comes with ``http://``.
+        If ``url`` is not an http(s) URL, a fingerprint comes with ``http://``, or
+        ``url`` is ``http://`` to another machine without ``insecure``.
     """
 
     def __init__(
@@ -74,9 +78,12 @@ class Connection:
         timeout: httpx.Timeout | float | None = None,
         transport: httpx.BaseTransport | None = None,
         fingerprint: str | None = None,
+        insecure: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
+        if transport is None:  # a transport of the caller's (a test double) is not the network
+            tls.refuse_clear_text(url, insecure, "pass insecure=True (--insecure)")
         verify = tls.verify_for(url, fingerprint)
         self.url = url if url.endswith("/") else url + "/"
         self._api = url.rstrip("/") + contracts.API_PREFIX + "/"
@@ -387,6 +394,11 @@ class Connection:
         action = "resume" if resume else "drain"
         resp = self._request("POST", f"workers/{_seg(worker)}/{action}")
         return self._parse(resp, contracts.Worker)
+
+    def forget_worker(self, worker: str) -> None:
+        """``DELETE workers/{name}`` (admin): revoke the worker's tokens, end its tasks
+        ``lost`` and free its name for a join token (a reinstalled machine)."""
+        self._request("DELETE", f"workers/{_seg(worker)}", expect=(204,))
 
     def telemetry(self, worker: str) -> contracts.Telemetry:
         """``GET workers/{name}/telemetry``: the worker's recent readings."""

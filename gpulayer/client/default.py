@@ -24,7 +24,11 @@ def set_default(conn: Connection | None) -> Connection | None:
 
 
 def connect(
-    url: str | None = None, token: str | None = None, *, fingerprint: str | None = None
+    url: str | None = None,
+    token: str | None = None,
+    *,
+    fingerprint: str | None = None,
+    insecure: bool = False,
 ) -> Connection:
     """Connect to a control plane and make it the default for :func:`submit`.
 
@@ -36,18 +40,22 @@ def connect(
     fingerprint
         The server certificate's pinned ``sha256:...``; else
         ``GPULAYER_FINGERPRINT`` or the saved file's (for the same URL).
+    insecure
+        Send the token over ``http://`` to another machine all the same (clear text;
+        also ``GPULAYER_INSECURE=1``). Loopback and ``https://`` need no opt-in.
 
     Raises
     ------
     ConfigError
-        If no URL or token can be found.
+        If no URL or token can be found, or the URL is ``http://`` to another
+        machine without ``insecure``.
     ConnectionFailed
         If the control plane does not answer.
     CertificateMismatch
         If its TLS certificate is not the pinned one (nothing was sent).
     """
-    cfg = config.resolve(url, token, fingerprint)
-    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
+    cfg = config.resolve(url, token, fingerprint, insecure)
+    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint, insecure=cfg.insecure)
     try:
         conn.health()
     except BaseException:

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 #: What one task needs (every field of ``Resources``).
 RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
 #: The job fields a caller sets beside the program.
-JOB_OPTIONS: tuple[str, ...] = ("name", "env", "labels", "priority", "timeout", "retries")
+JOB_OPTIONS: tuple[str, ...] = (
+    "name", "env", "labels", "priority", "timeout", "retries", "api_access",
+)  # fmt: skip
 #: A distributed job (a gang of ``nodes`` x ``nproc_per_node``).
 GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
 
@@ -57,6 +59,7 @@ class JobOptions(ResourceOptions, total=False):
     env: Mapping[str, str] | None
     labels: Mapping[str, str] | None
     priority: int
+    api_access: bool
     nodes: int
     nproc_per_node: int
     launcher: str
@@ -181,6 +184,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "nodes": {"help": "distributed: nodes (one task per worker) started by torchrun"},
     "nproc_per_node": {"metavar": "N"},
     "launcher": {"help": "distributed: torchrun, or gpulayer starting the ranks itself"},
+    "api_access": {
+        "action": "store_true",
+        "help": "the task may call gpulayer itself (nested submits): it gets a token of"
+        " yours, role submitter at most, valid while it runs",
+    },
 }
 
 

@@ -170,6 +170,11 @@ class JobSpec(RequestModel):
         default="torchrun",
         description="distributed: 'torchrun', or 'direct' (gpulayer starts the ranks)",
     )
+    api_access: bool = Field(
+        default=False,
+        description="the task may call gpulayer (nested submits): it gets GPULAYER_URL and a"
+        " GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs",
+    )
 
     @property
     def world_size(self) -> int:

@@ -28,6 +28,11 @@ class CreateSession(RequestModel):
     idle_timeout: OptionalDuration = Field(default=None, description="seconds or '30m'")
     env: dict[EnvName, str] = {}
     labels: dict[LabelKey, LabelValue] = {}
+    api_access: bool = Field(
+        default=False,
+        description="the kernel may call gpulayer: a token of the owner (submitter at most)"
+        " for as long as the session runs",
+    )
 
 
 class Session(DocumentModel):

@@ -33,6 +33,11 @@ class Assignment(DocumentModel):
     spec: JobSpec
     gpu_indices: list[int] = []
     gang: Gang | None = Field(default=None, description="distributed jobs: the rendezvous")
+    api_token: str | None = Field(
+        default=None,
+        description="api_access jobs: the task's own token (its owner's, role submitter),"
+        " revoked when the task ends",
+    )
 
 
 class Acquired(DocumentModel):

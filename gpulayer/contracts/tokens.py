@@ -40,6 +40,9 @@ class Token(DocumentModel):
     revoked_at: datetime | None = None
     single_use: bool = False
     worker_id: str | None = None
+    task_id: str | None = Field(
+        default=None, description="a task's own token (api_access), revoked when it ends"
+    )
 
 
 class CreatedToken(Token):

@@ -84,7 +84,8 @@ def _end(args: Any) -> None:
 
 def _connect(args: Any) -> None:
     try:
-        conn = connect(args.target, args.token, fingerprint=args.fingerprint)
+        insecure = bool(getattr(args, "insecure", False))
+        conn = connect(args.target, args.token, fingerprint=args.fingerprint, insecure=insecure)
     except errors.ConfigError as e:
         raise UsageError(e.message) from e
     print(f"connected to {conn.url}")

@@ -10,6 +10,7 @@ The cell magic::
 
     %%gpulayer [--gpus N] [--gpu-memory 24GiB] [--worker NAME] [--session NAME]
                [--idle-timeout 30m] [--timeout 10m] [--push a,b] [--pull c,d] [--no-wait]
+               [--api-access]
 
 runs the cell in a headless kernel on a worker: a fresh one, or with
 ``--session NAME`` the session's persistent kernel (started on first use with
@@ -20,7 +21,9 @@ the remote traceback marked with worker and job; the notebook's interrupt
 button interrupts the remote cell (twice: cancels it). ``--push`` sends local
 variables first and ``--pull`` brings variables back after it (cloudpickle:
 same Python minor version on both sides). ``--no-wait`` returns the
-:class:`~gpulayer.Job` at once.
+:class:`~gpulayer.Job` at once. ``--api-access`` lets the remote kernel call
+gpulayer itself (``gl.connect()`` there connects as you, role ``submitter`` at
+most, while it runs); with ``--session`` it applies when the cell starts the session.
 
 With ``--nodes N`` / ``--nproc-per-node M`` (and ``--launcher direct``) the cell
 is a distributed job instead: its source runs as a script (``__name__ ==
@@ -36,7 +39,7 @@ The line magic::
 
     %gpulayer status | workers | jobs | sessions
     %gpulayer logs ID | cancel ID | end SESSION
-    %gpulayer connect URL [--token T] [--fingerprint sha256:...]
+    %gpulayer connect URL [--token T] [--fingerprint sha256:...] [--insecure]
 
 Bad options raise :class:`~IPython.core.error.UsageError` with what to fix.
 """
@@ -97,6 +100,8 @@ class GpulayerMagics(Magics):
     @argument("--push", metavar="a,b", help="variables to send to the remote kernel first")
     @argument("--pull", metavar="c,d", help="variables to bring back afterwards")
     @argument("--no-wait", action="store_true", help="return the Job at once")
+    @_option("api_access", help="the remote kernel may call gpulayer (with --session: the"
+             " session's kernel, when this cell starts it)")  # fmt: skip
     @_option("nodes", default=None, help="distributed: run the cell on N workers at once")
     @_option("nproc_per_node", default=None, metavar="M")
     @_option("launcher", default=None, help="distributed: how ranks start")
@@ -140,12 +145,13 @@ class GpulayerMagics(Magics):
         try:
             if args.session:
                 cells.ensure_session(
-                    conn, args.session, idle_timeout=args.idle_timeout, **resources
-                )
+                    conn, args.session, idle_timeout=args.idle_timeout,
+                    api_access=args.api_access, **resources,
+                )  # fmt: skip
                 resources = {}
             run = cells.submit(
                 conn, source, session=args.session, push={n: ns[n] for n in push},
-                pull=pull, timeout=timeout, **resources,
+                pull=pull, timeout=timeout, api_access=args.api_access, **resources,
             )  # fmt: skip
         except errors.ValidationError as e:
             raise UsageError(e.message) from e
@@ -178,7 +184,8 @@ class GpulayerMagics(Magics):
         try:
             fn = remote(
                 run_source, name="cell", launcher=args.launcher or "torchrun",
-                timeout=timeout, connection=conn, **gang, **resources,
+                timeout=timeout, api_access=args.api_access, connection=conn,
+                **gang, **resources,
             )  # fmt: skip
             if args.no_wait:
                 return fn.spawn(source, values, pull).job
@@ -193,6 +200,8 @@ class GpulayerMagics(Magics):
     @argument("target", nargs="?", help="job id (logs, cancel), session (end), URL (connect)")
     @argument("--token", help="with connect: a gpulayer token")
     @argument("--fingerprint", help="with connect: the server certificate's sha256")
+    @argument("--insecure", action="store_true",
+              help="with connect: send the token over http:// to another machine")  # fmt: skip
     @line_magic("gpulayer")  # type: ignore[arg-type]  # IPython types line_magic(name) as a union
     def gpulayer_line(self, line: str) -> Any:
         """Manage gpulayer from a notebook (see ``gpulayer.notebook.magics``)."""
@@ -211,7 +220,9 @@ def load(ipython: Any) -> None:
     parent = config.jupyter_parent()
     if parent is not None:
         try:
-            connect(parent.url, parent.token)
+            # The parent server runs on this machine (its runtime file is here), so
+            # its URL, by whatever name, does not leave it.
+            connect(parent.url, parent.token, insecure=True)
             return
         except errors.GpulayerError:
             pass  # a Jupyter server without gpulayer: try the other ways

@@ -1,4 +1,4 @@
-"""The headless worker agent behind ``gpulayer join URL --token T``.
+"""The headless worker agent behind ``gpulayer join URL``.
 
 The agent loads on first use, so the small modules a task's own processes run
 (``python -m gpulayer.worker.rank_call``, the function runner) start without it.

@@ -1,4 +1,4 @@
-"""The headless worker agent behind ``gpulayer join URL --token T``: its loops.
+"""The headless worker agent behind ``gpulayer join URL``: its loops.
 
 The agent only ever calls out (docs/api.md, "Worker protocol"): it registers with
 the join token, then uses its own worker token to heartbeat, long-poll for
@@ -36,13 +36,14 @@ from gpulayer import contracts as c
 from gpulayer import tls
 from gpulayer.errors import ConfigError
 from gpulayer.worker import devices
+from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.pipeline import Pipeline
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
-from gpulayer.worker.workspace import inherited_env
+from gpulayer.worker.workspace import ControlPlaneAddress, inherited_env
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class AgentConfig:
     warm_runners: int = 1  # function runners started ahead of the first call
     runner_max_calls: int = 1000  # calls before a function runner is replaced
     address: str | None = None  # where other workers reach this one (gang rendezvous)
+    insecure: bool = False  # allow tokens over http:// to a host that is not this machine
 
 
 class Agent:
@@ -89,6 +91,7 @@ class Agent:
             registration=self._registration,
             on_registered=self._registered,
             blob_dir=self.data_dir / "blobs",
+            credentials=CredentialFile(self.data_dir),
         )
         self._runners = RunnerPool(
             inherited_env(),
@@ -104,6 +107,7 @@ class Agent:
             kernels=self._kernels,
             blob=self._uplink.blob,
             kill_grace_seconds=config.kill_grace_seconds,
+            control_plane=ControlPlaneAddress(config.url, config.fingerprint, config.insecure),
         )
         self._pipeline = Pipeline(
             self._uplink,
@@ -251,7 +255,10 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
         If ``GPULAYER_SIMULATED_GPUS`` is malformed.
     GpulayerError
         If the worker cannot be described or the first registration is rejected.
+    ConfigError
+        If the URL is ``http://`` to another machine without ``config.insecure``.
     """
+    tls.refuse_clear_text(config.url, config.insecure, "pass --insecure")
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:

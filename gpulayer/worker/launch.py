@@ -32,7 +32,7 @@ from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
-from gpulayer.worker.workspace import TaskDir, task_env, task_vars
+from gpulayer.worker.workspace import ControlPlaneAddress, TaskDir, task_env, task_vars
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ class Launcher:
         kernels: KernelHost,
         blob: BlobSource,
         kill_grace_seconds: float,
+        control_plane: ControlPlaneAddress | None = None,
     ) -> None:
         self._name = worker_name
+        self._control_plane = control_plane
         self._tasks_root = tasks_root
         self._runners = runners
         self._kernels = kernels
@@ -99,7 +101,7 @@ class Launcher:
         if a.gang is not None:
             return self._gang_call_run(task, folder, payload)
         # The runner has the rest of the environment already.
-        env = task_vars(a, folder.artifacts)
+        env = task_vars(a, folder.artifacts, self._control_plane)
         return FunctionRun(
             self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add
         )
@@ -107,7 +109,7 @@ class Launcher:
     def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
         """A command, alone or as one node of a gang; its training metrics followed."""
         a = task.assignment
-        env = task_env(a, folder.artifacts)
+        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
         task.follow_metrics(env)
         grace = self._kill_grace_seconds
         if a.gang is not None:
@@ -121,7 +123,7 @@ class Launcher:
     def _gang_call_run(self, task: TaskRecord, folder: TaskDir, payload: bytes) -> Run:
         """One node of a distributed function; its training metrics followed."""
         a = task.assignment
-        env = task_env(a, folder.artifacts)
+        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
         task.follow_metrics(env)
         return GangCallRun(
             a,
@@ -144,7 +146,7 @@ class Launcher:
                 self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
             )
         folder = await task.make_dir(self._tasks_root)
-        env = task_env(a, folder.artifacts)
+        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None

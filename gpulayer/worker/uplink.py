@@ -6,6 +6,8 @@ with capped exponential backoff, forever, so a finished task's logs and
 completion wait in memory until the server is back. A 401 (or a 404 on a
 ``workers/{id}`` route) means the server forgot this worker: :class:`Uplink`
 registers again under the same name, listing its running tasks, and carries on.
+Registering again takes the worker's own credential
+(:mod:`~gpulayer.worker.credential`); the join token registers only a new name.
 """
 
 import asyncio
@@ -28,6 +30,7 @@ from gpulayer.errors import (
     ValidationError,
     error_for_code,
 )
+from gpulayer.worker.credential import Credential, CredentialFile
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,9 @@ BACKOFF_START_SECONDS = 0.2
 BACKOFF_CAP_SECONDS = 2.0
 
 Content = bytes | Callable[[], AsyncIterator[bytes]]
+#: Answers to a registration with the worker's own credential that mean it is no
+#: longer good here: unknown or revoked, another worker's, or no such worker.
+_CREDENTIAL_REFUSED = frozenset({401, 403, 404, 409})
 
 
 class Request(TypedDict, total=False):
@@ -66,6 +72,9 @@ class Uplink:
         Called with every answer to a registration.
     blob_dir
         Where downloaded bundles are cached by their sha256.
+    credentials
+        Where the worker keeps the credential it registers again with (None: in
+        memory only).
     """
 
     def __init__(
@@ -78,6 +87,7 @@ class Uplink:
         registration: Callable[[], c.WorkerRegistration],
         on_registered: Callable[[c.Registered], None],
         blob_dir: Path,
+        credentials: CredentialFile | None = None,
     ) -> None:
         self._http = http
         self._url = url
@@ -93,19 +103,26 @@ class Uplink:
         self._registrations = 0  # bumped by every successful registration
         self._register_lock = asyncio.Lock()
         self._outage_since: float | None = None
+        self._credentials = credentials
+        self._credential = credentials.load(url) if credentials is not None else None
 
     # ---------------------------------------------------------- registration
 
     async def register(self) -> None:
-        """Exchange the join token for a worker id and token.
+        """Register: again with the worker's own credential when it has one for this
+        control plane, else (or when that is refused) as a new worker with the join
+        token; the answer's id and token are kept (and the credential saved).
 
         Raises
         ------
         GpulayerError
-            If the control plane rejects the registration (e.g. a bad join token).
+            If the control plane rejects the registration (e.g. a bad join token, or
+            a name that is registered already).
         """
         body = self._registration()
-        resp = await self._send("POST", "workers/register", token=self._join_token, body=body)
+        resp = await self._register_as_itself(body)
+        if resp is None:
+            resp = await self._send("POST", "workers/register", token=self._join_token, body=body)
         if not resp.is_success:
             raise error_for(resp, "registration rejected")
         reg = c.Registered.model_validate(resp.json())
@@ -114,7 +131,34 @@ class Uplink:
         log.info(
             "registered worker %s as %s (%d GPUs)", self._name, reg.worker_id, len(body.devices)
         )
+        await self._keep_credential(Credential(self._url, reg.worker_id, reg.token))
         self._on_registered(reg)
+
+    async def _register_as_itself(self, body: c.WorkerRegistration) -> httpx.Response | None:
+        """``workers/{id}/register`` with the kept credential; None when there is none
+        or the control plane refuses it (it forgot or evicted this worker: the
+        credential is dropped, and the join token tried, now and from now on)."""
+        cred = self._credential
+        if cred is None:
+            return None
+        path = f"workers/{cred.worker_id}/register"
+        resp = await self._send("POST", path, token=cred.token, body=body)
+        if resp.status_code in _CREDENTIAL_REFUSED:
+            log.warning(
+                "worker %s: its credential was refused (%s); registering with the join token",
+                self._name,
+                describe(resp),
+            )
+            self._credential = None
+            return None
+        return resp
+
+    async def _keep_credential(self, cred: Credential) -> None:
+        if cred == self._credential:
+            return
+        self._credential = cred
+        if self._credentials is not None:
+            await asyncio.to_thread(self._credentials.save, cred)
 
     async def _register_again(self, seen: int) -> None:
         """Register again unless someone already did since registration ``seen``."""

@@ -2,21 +2,35 @@
 
 A task gets a directory ``<data_dir>/tasks/<task_id>/`` (:class:`TaskDir`) with
 ``work/`` (its cwd, where the job's bundle is unpacked) and ``artifacts/`` (files
-to keep). Its environment is the worker's, without the worker's secrets, then the
-job's ``env``, then the variables gpulayer guarantees (:func:`task_env`).
+to keep). Its environment is the worker's, without any credential (:func:`inherited_env`),
+then the job's ``env``, then the variables gpulayer guarantees (:func:`task_env`).
 """
 
 import os
+import re
 import shutil
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpulayer import bundle
 from gpulayer.contracts import Assignment
 
-#: Variables of the worker's own environment that a task never inherits.
-_PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
+#: Variables of the worker's own environment that carry credentials: a task, a function
+#: runner, a kernel or a rank never inherits them (docs/security.md, "What a task can reach").
+PRIVATE_ENV = frozenset(
+    {
+        "GPULAYER_TOKEN",  # a client token of whoever started the worker
+        "GPULAYER_JOIN_TOKEN",  # registers workers: a task holding it could join a rogue one
+        "GPULAYER_WORKER_TOKEN",
+        "JUPYTER_TOKEN",  # a Jupyter server's own token (the control plane's, under `up`)
+        "JUPYTERHUB_API_TOKEN",  # a JupyterHub user's API token
+        "JPY_API_TOKEN",  # its older name
+    }
+)
+#: A gpulayer token inside any value, whatever the variable is called (``gl_`` + 43).
+_TOKEN_IN_VALUE = re.compile(r"(?<![A-Za-z0-9_-])gl_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
 _VISIBLE_DEVICES_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
@@ -72,29 +86,61 @@ class TaskDir:
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a task's environment starts from: ``base`` (default ``os.environ``)
-    without the worker's secrets."""
+    without the credentials it holds: the :data:`PRIVATE_ENV` variables, and any
+    variable whose value holds a gpulayer token."""
     source = os.environ if base is None else base
-    return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
-
-
-def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
-    """The variables gpulayer guarantees each task (a job cannot override them)."""
     return {
+        k: v for k, v in source.items() if k not in PRIVATE_ENV and not _TOKEN_IN_VALUE.search(v)
+    }
+
+
+@dataclass(frozen=True)
+class ControlPlaneAddress:
+    """Where a task with ``api_access`` reaches the control plane: the worker's own URL,
+    certificate pin and clear-text opt-in."""
+
+    url: str
+    fingerprint: str | None = None
+    insecure: bool = False
+
+    def env(self, token: str) -> dict[str, str]:
+        """What ``gl.connect()`` reads, for ``token``."""
+        env = {"GPULAYER_URL": self.url, "GPULAYER_TOKEN": token}
+        if self.fingerprint:
+            env["GPULAYER_FINGERPRINT"] = self.fingerprint
+        if self.insecure:
+            env["GPULAYER_INSECURE"] = "1"
+        return env
+
+
+def task_vars(
+    assignment: Assignment, artifacts: Path, control_plane: ControlPlaneAddress | None = None
+) -> dict[str, str]:
+    """The variables gpulayer guarantees each task (a job cannot override them); with
+    the task's own token (``api_access``), where and how to call the control plane."""
+    out = {
         "GPULAYER_JOB_ID": assignment.job_id,
         "GPULAYER_TASK_ID": assignment.task_id,
         "GPULAYER_ATTEMPT": str(assignment.attempt),
         "GPULAYER_ARTIFACTS": str(Path(artifacts).absolute()),
     }
+    if assignment.api_token and control_plane is not None:
+        out.update(control_plane.env(assignment.api_token))
+    return out
 
 
 def task_env(
-    assignment: Assignment, artifacts: Path, base: Mapping[str, str] | None = None
+    assignment: Assignment,
+    artifacts: Path,
+    base: Mapping[str, str] | None = None,
+    control_plane: ControlPlaneAddress | None = None,
 ) -> dict[str, str]:
-    """The environment of a task's process: ``base`` (default ``os.environ``), then the
-    job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
+    """The environment of a task's process: ``base`` (default ``os.environ``) without
+    credentials, then the job's ``env``, then the variables gpulayer guarantees, which a
+    job cannot override."""
     env = inherited_env(base)
     env.update(assignment.spec.env)
-    env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
+    env.update(task_vars(assignment, artifacts, control_plane), PYTHONUNBUFFERED="1")
     # The reservation, for every vendor's runtime (a job cannot widen it).
     visible = ",".join(str(i) for i in assignment.gpu_indices)
     for var in _VISIBLE_DEVICES_ENV:

@@ -3,8 +3,9 @@ completion, bundle downloads.
 
 Workers call out to the control plane (never the other way), so a GPU box behind
 NAT can join. Every route here takes a bearer token: the join token for
-``register``, the worker's own token for the rest (``access.py`` keeps it to its
-own worker, tasks and bundles).
+``register`` (new names only), the worker's own token for the rest, including
+``workers/{id}/register`` when it comes back (``access.py`` keeps it to its own
+worker, tasks and bundles).
 """
 
 import pydantic
@@ -13,7 +14,7 @@ from jupyter_server.auth.decorator import allow_unauthenticated
 from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion, WorkerRegistration
 from gpulayer.errors import PayloadTooLarge, ValidationError
 
-from ..auth import requires
+from ..auth import bearer_token, requires
 from .base import GpulayerAPIHandler
 
 _ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName)
@@ -28,7 +29,22 @@ class RegisterHandler(GpulayerAPIHandler):
         """Admit the worker; answers its own token."""
         reg = self.parse(WorkerRegistration)
         await self.gl.tokens.use(self.who)  # a single-use join token is spent now
-        self.reply(await self.gl.workers.register(reg))
+        self.reply(await self.gl.workers.register(reg, self.who))
+
+
+class ReregisterHandler(GpulayerAPIHandler):
+    """``POST workers/{id}/register`` with the worker's own token: it comes back."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, worker_id: str) -> None:
+        """Admit the worker again under its name; it keeps its token."""
+        reg = self.parse(WorkerRegistration)
+        presented = bearer_token(self.request.headers.get("Authorization"))
+        got = await self.gl.workers.register(
+            reg, self.who, worker_id=worker_id, presented=presented
+        )
+        self.reply(got)
 
 
 class HeartbeatHandler(GpulayerAPIHandler):
@@ -127,6 +143,7 @@ class BlobHandler(GpulayerAPIHandler):
 
 ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"workers/register", RegisterHandler),
+    (r"workers/(?P<worker_id>[^/]+)/register", ReregisterHandler),
     (r"workers/(?P<worker_id>[^/]+)/heartbeat", HeartbeatHandler),
     (r"workers/(?P<worker_id>[^/]+)/acquire", AcquireHandler),
     (r"tasks/(?P<task_id>[^/]+)/logs", TaskLogsHandler),

@@ -1,4 +1,4 @@
-"""User-facing ``workers`` routes: the fleet, draining, telemetry."""
+"""User-facing ``workers`` routes: the fleet, draining, forgetting, telemetry."""
 
 from jupyter_server.auth.decorator import allow_unauthenticated
 
@@ -28,6 +28,17 @@ class WorkerDrainHandler(GpulayerAPIHandler):
         self.reply(await self.gl.workers.drain(name, draining=action == "drain"))
 
 
+class WorkerHandler(GpulayerAPIHandler):
+    """``DELETE workers/{name}``: forget a worker (its name may join again)."""
+
+    @allow_unauthenticated
+    @requires("admin")
+    async def delete(self, name: str) -> None:
+        """Revoke its tokens, end its tasks as lost, remove it; 204."""
+        await self.gl.workers.forget(name)
+        self.no_content()
+
+
 class WorkerTelemetryHandler(GpulayerAPIHandler):
     """``GET workers/{name}/telemetry``: the recent heartbeat readings."""
 
@@ -42,4 +53,5 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"workers", WorkersHandler),
     (r"workers/(?!register$)(?P<name>[^/]+)/(?P<action>drain|resume)", WorkerDrainHandler),
     (r"workers/(?P<name>[^/]+)/telemetry", WorkerTelemetryHandler),
+    (r"workers/(?!register$)(?P<name>[^/]+)", WorkerHandler),
 ]

@@ -236,13 +236,14 @@ class TokenRecord:
     worker_id: str | None
     single_use: bool
     used_at: float | None
+    task_id: str | None = None  # a task's own token (api_access)
 
     @classmethod
     def from_row(cls, r: sqlite3.Row) -> "TokenRecord":
         """Read a ``tokens`` row."""
         return cls(
             r["id"], r["name"], r["role"], r["hash"], r["created_at"], r["expires_at"],
-            r["revoked_at"], r["worker_id"], bool(r["single_use"]), r["used_at"],
+            r["revoked_at"], r["worker_id"], bool(r["single_use"]), r["used_at"], r["task_id"],
         )  # fmt: skip
 
 

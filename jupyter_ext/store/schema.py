@@ -136,7 +136,7 @@ CREATE TABLE IF NOT EXISTS metrics (
 # v6: who uploaded each blob: a submitter may name a bundle, payload or pushed
 # variables in a job only when it uploaded those bytes itself (a known sha256 is
 # not read access).
-_SCHEMA_BLOB_OWNERS = """
+_SCHEMA_V6 = """
 CREATE TABLE IF NOT EXISTS blob_owners (
     sha256      TEXT NOT NULL,
     owner       TEXT NOT NULL,
@@ -145,7 +145,14 @@ CREATE TABLE IF NOT EXISTS blob_owners (
 ) WITHOUT ROWID;
 """
 
+# v7: a task's own API token (jobs with api_access), revoked when the task ends.
+_SCHEMA_V7 = """
+ALTER TABLE tokens ADD COLUMN task_id TEXT;
+CREATE INDEX IF NOT EXISTS tokens_by_task ON tokens (task_id);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
-MIGRATIONS += (_SCHEMA_BLOB_OWNERS,)
+MIGRATIONS: tuple[str, ...] = (
+    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
+)  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 from .db import Database, marks
 from .records import TokenRecord
-from .writes import insert
+from .writes import insert_token
 
 
 class TokenQueries(Database):
@@ -12,12 +12,7 @@ class TokenQueries(Database):
 
     async def insert_token(self, t: TokenRecord) -> None:
         """Store a token record (its hash, never the token)."""
-        row = {
-            "id": t.id, "name": t.name, "role": t.role, "hash": t.hash,
-            "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
-            "worker_id": t.worker_id, "single_use": int(t.single_use),
-        }  # fmt: skip
-        await self._write([insert("tokens", row)])
+        await self._write([insert_token(t)])
 
     async def _token(self, sql: str, value: str) -> TokenRecord | None:
         row = await self._one(sql, (value,))

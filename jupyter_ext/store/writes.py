@@ -1,4 +1,5 @@
-"""The statements that change jobs, tasks, events and results.
+"""The statements that change jobs, tasks, events and results (and the tokens
+that live and end with a task).
 
 Only :mod:`jupyter_ext.transitions` builds the ones that change a state (it
 checks each change against the state machine first); the task intake builds
@@ -9,6 +10,8 @@ them in one transaction. A :data:`Statement` is opaque outside the store.
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from .records import TokenRecord
 
 Statement = tuple[str, Sequence[Any]]
 
@@ -117,3 +120,24 @@ def put_result(
     """Keep a job's result (the latest attempt's wins)."""
     row = {"job_id": job_id, "task_id": task_id, "inline": inline, "sha256": sha256, "size": size}
     return insert("results", row, replace=True)
+
+
+def delete_worker(worker_id: str) -> Statement:
+    """Forget a worker (its name may be registered again)."""
+    return "DELETE FROM workers WHERE id = ?", (worker_id,)
+
+
+def insert_token(t: TokenRecord) -> Statement:
+    """A new token record (its hash, never the token)."""
+    row = {
+        "id": t.id, "name": t.name, "role": t.role, "hash": t.hash,
+        "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
+        "worker_id": t.worker_id, "single_use": int(t.single_use), "task_id": t.task_id,
+    }  # fmt: skip
+    return insert("tokens", row)
+
+
+def revoke_task_tokens(task_id: str, now: float) -> Statement:
+    """Revoke the token of a task that ends (nothing when it has none)."""
+    sql = "UPDATE tokens SET revoked_at = ? WHERE task_id = ? AND revoked_at IS NULL"
+    return sql, (now, task_id)

@@ -162,6 +162,8 @@ export interface IJobSpec {
   nproc_per_node: number;
   /** distributed: 'torchrun', or 'direct' (gpulayer starts the ranks) */
   launcher: 'torchrun' | 'direct';
+  /** the task may call gpulayer (nested submits): it gets GPULAYER_URL and a GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs */
+  api_access: boolean;
 }
 
 /** Life cycle of a job (and of each of its tasks). */

@@ -180,7 +180,10 @@ def test_gpulayer_up_off_loopback_is_tls_on_and_prints_the_pin(tmp_path):
     text = "".join(out)
     pin = tls.fingerprint_of_file(tmp_path / "data" / "tls" / "cert.pem")
     assert "https://" in text and f"TLS certificate: {pin}" in text, text
-    assert re.search(rf"gpulayer join https://\S+ --token gl_\S+ --fingerprint {pin}", text)
+    # The join token is exported, never on the join command line (`ps` shows argv).
+    assert re.search(r"^  export GPULAYER_JOIN_TOKEN=gl_\S+$", text, re.MULTILINE), text
+    assert re.search(rf"^  gpulayer join https://\S+ --fingerprint {pin}$", text, re.MULTILINE)
+    assert "--token" not in text
     assert f'fingerprint="{pin}"' in text
     assert config.load(tmp_path / "connection.json").fingerprint == pin
 

@@ -240,6 +240,15 @@ MATRIX: dict[type, dict[str, Case]] = {
         "post": Case(lambda c, f: ("workers", "register"), {"admin": 200, "join": 200},
                      body=lambda c, f: _registration(f["name"]), fresh=_name),
     },
+    W.ReregisterHandler: {
+        # the matrix's own worker, listing its running task so that it keeps running
+        "post": Case(lambda c, f: ("workers", c.worker_id, "register"),
+                     {"admin": 200, "worker": 200},
+                     body=lambda c, f: {**_registration("mw"), "running_tasks": [c.task_id]}),
+    },
+    WK.WorkerHandler: {
+        "delete": Case(lambda c, f: ("workers", f["worker"]), {"admin": 204}, fresh=_worker),
+    },
     W.HeartbeatHandler: {
         "post": Case(lambda c, f: ("workers", c.worker_id, "heartbeat"),
                      {"admin": 200, "worker": 200},

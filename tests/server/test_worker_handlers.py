@@ -54,28 +54,61 @@ async def test_register_gives_a_worker_token_that_only_acts_for_itself(gl_api):
     ]
 
 
-async def test_registering_again_keeps_the_id_and_revokes_the_old_token(gl_api):
+async def test_a_join_token_registers_only_new_names(gl_api):
     first = await join(gl_api)
-    again = await join(gl_api)
-    assert again["worker_id"] == first["worker_id"]
-    status, _ = await gl_api(
-        "workers",
-        first["worker_id"],
-        "heartbeat",
-        method="POST",
-        json_body={},
+    status, err = await gl_api(
+        "workers", "register", method="POST", json_body=registration(), token="join"
+    )
+    assert status == 409 and err["field"] == "name"
+    assert "gpulayer workers forget box1" in err["message"]
+    # The worker itself still acts: nothing was taken over.
+    beat = ("workers", first["worker_id"], "heartbeat")
+    assert (await gl_api(*beat, method="POST", json_body={}, token=first["token"]))[0] == 200
+
+
+async def test_registering_again_with_its_own_token_keeps_the_id_and_the_token(gl_api):
+    first = await join(gl_api)
+    wid = first["worker_id"]
+    status, again = await gl_api(
+        "workers", wid, "register", method="POST", json_body=registration(), token=first["token"]
+    )
+    assert status == 200, again
+    assert again["worker_id"] == wid and again["token"] == first["token"]
+    beat = ("workers", wid, "heartbeat")
+    assert (await gl_api(*beat, method="POST", json_body={}, token=first["token"]))[0] == 200
+    # ...but never as another name, nor as another worker.
+    status, err = await gl_api(
+        "workers", wid, "register", method="POST", json_body=registration("box2"),
         token=first["token"],
+    )  # fmt: skip
+    assert status == 409 and err["field"] == "name"
+    other = await join(gl_api, "box2")
+    status, err = await gl_api(
+        "workers", other["worker_id"], "register", method="POST",
+        json_body=registration("box2"), token=first["token"],
+    )  # fmt: skip
+    assert status == 403 and err["code"] == "forbidden"
+
+
+async def test_a_forgotten_worker_loses_its_token_tasks_and_name(gl_api):
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    _, job = await gl_api("jobs", method="POST", json_body={**JOB, "retries": 1})
+    status, got = await gl_api(
+        "workers", wid, "acquire", method="POST", params={"wait": "0"}, token=tok
     )
-    assert status == 401
-    status, _ = await gl_api(
-        "workers",
-        first["worker_id"],
-        "heartbeat",
-        method="POST",
-        json_body={},
-        token=again["token"],
-    )
-    assert status == 200
+    assert status == 200 and got["assignments"][0]["job_id"] == job["id"]
+    status, _ = await gl_api("workers", "box1", method="DELETE")
+    assert status == 204
+    assert (await gl_api("workers"))[1]["workers"] == []
+    assert (await gl_api("jobs", job["id"]))[1]["state"] == "queued"  # retried
+    _, events = await gl_api("jobs", job["id"], "events")
+    assert any("forgotten" in (e["reason"] or "") for e in events["events"])
+    beat = ("workers", wid, "heartbeat")
+    assert (await gl_api(*beat, method="POST", json_body={}, token=tok))[0] == 401
+    # The name is free for a join token again (a reinstalled machine), under a new id.
+    assert (await join(gl_api))["worker_id"] != wid
+    assert (await gl_api("workers", "nobody", method="DELETE"))[0] == 404
 
 
 async def test_bad_registration_is_400_naming_the_field(gl_api):

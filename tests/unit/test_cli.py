@@ -1,5 +1,6 @@
 """The `gpulayer` command line: one-line errors, exit codes, and output over a mock transport."""
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -196,3 +197,42 @@ def test_job_details_and_follow_strip_escapes(capsys: pytest.CaptureFixture[str]
     captured = capsys.readouterr()
     assert captured.out == "up\n"
     assert ESC not in captured.err and captured.err.endswith(": boom\n")
+
+
+# ------------------------------------------------------- join: where its token comes from
+
+REMOTE_HTTP = "http://192.0.2.1:9/"  # another machine, plain HTTP: refused before any request
+
+
+def test_the_cli_refuses_a_token_in_clear_text_to_another_machine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--url", REMOTE_HTTP, "--token", "gl_t", "jobs"]) == 1
+    line = one_error_line(capsys)
+    assert "clear text" in line and "--insecure" in line
+
+
+def test_join_takes_its_token_from_a_file_and_drops_it_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPULAYER_JOIN_TOKEN", "gl_from_env")
+    token_file = tmp_path / "join.token"
+    token_file.write_text("gl_from_file\n")
+    assert cli.main(["join", REMOTE_HTTP, "--token-file", str(token_file)]) == 1
+    line = one_error_line(capsys)  # no warning: nothing secret on the command line
+    assert "clear text" in line and "--insecure" in line
+    assert "GPULAYER_JOIN_TOKEN" not in os.environ  # nothing the worker starts inherits it
+    assert cli.main(["join", REMOTE_HTTP, "--token-file", str(tmp_path / "nope")]) == 1
+    assert "cannot read the join token from" in one_error_line(capsys)
+
+
+def test_join_says_where_a_token_goes_and_warns_about_one_in_argv(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPULAYER_JOIN_TOKEN", raising=False)
+    assert cli.main(["join", REMOTE_HTTP]) == 1
+    line = one_error_line(capsys)
+    assert "GPULAYER_JOIN_TOKEN" in line and "--token-file" in line
+    assert cli.main(["join", REMOTE_HTTP, "--token", "gl_t"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "visible to other users" in err[0] and "clear text" in err[1]

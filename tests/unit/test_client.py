@@ -293,3 +293,40 @@ def test_nothing_configured_says_how_to_fix_it(gl_config_file: Path) -> None:
     assert "gpulayer up" in info.value.message
     assert "GPULAYER_URL" in info.value.message
     assert "gl.connect(url, token)" in info.value.message
+
+
+# ---------------------------------------------------- tokens never in clear text
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.7:8765/", "http://gpu-lab.example:8765/", "http://[fd00::1]:8765/"]
+)
+def test_a_token_is_not_sent_in_clear_text_to_another_machine(url: str) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        client.Connection(url, "gl_x")
+    msg = info.value.message
+    assert "clear text" in msg and "https://" in msg and "insecure=True" in msg
+    client.Connection(url, "gl_x", insecure=True).close()  # the user's own choice
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8765/", "http://localhost:8765/", "http://[::1]:8765/",
+            "https://gpu-lab.example:8765/"],
+)  # fmt: skip
+def test_loopback_and_https_need_no_opt_in(url: str) -> None:
+    client.Connection(url, "gl_x").close()
+
+
+def test_the_clear_text_opt_in_comes_from_the_environment_or_the_saved_file(
+    gl_config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPULAYER_INSECURE", raising=False)
+    assert not config.resolve("http://10.0.0.7/", "gl_x").insecure
+    with pytest.raises(errors.ConfigError, match="clear text"):
+        client.connect("http://10.0.0.7:9/", "gl_x")
+    monkeypatch.setenv("GPULAYER_INSECURE", "1")
+    assert config.resolve("http://10.0.0.7/", "gl_x").insecure
+    monkeypatch.delenv("GPULAYER_INSECURE")
+    config.save(config.ConnectionConfig(url="http://10.0.0.7/", token="gl_f", insecure=True))
+    assert config.resolve().insecure
+    assert not config.resolve("http://10.0.0.8/", "gl_x").insecure  # only for that URL

@@ -162,6 +162,19 @@ def test_a_session_is_started_once_and_push_pull_move_variables(ip, plane):
     assert second.cell.push is None
 
 
+def test_api_access_reaches_the_cell_or_the_session_it_starts(ip, plane):
+    fake = plane(msg("execute_reply", status="ok"))
+    ip.run_cell_magic("gpulayer", "--api-access", "pass")
+    ip.run_cell_magic("gpulayer", "--session nested --api-access", "pass")
+    ip.run_cell_magic("gpulayer", "", "pass")
+    plain, _, without = fake.submitted
+    assert plain.api_access and not without.api_access
+    (create,) = [
+        r for r in fake.requests if r.method == "POST" and r.url.path.endswith("/sessions")
+    ]
+    assert json.loads(create.content)["api_access"] is True
+
+
 def test_no_wait_returns_the_job(ip, plane):
     plane(msg("execute_reply", status="ok"))
     job = ip.run_cell_magic("gpulayer", "--no-wait", "train()")

@@ -32,6 +32,18 @@ def test_every_front_end_takes_the_same_resource_options() -> None:
         remote(gpu=1)
 
 
+def test_api_access_is_a_flag_everywhere_and_off_by_default() -> None:
+    from gpulayer.cli import build_parser
+    from gpulayer.functions.decorator import remote
+
+    parser = build_parser()
+    assert parser.parse_args(["submit", "--", "true"]).api_access is False
+    args = parser.parse_args(["submit", "--api-access", "--", "true"])
+    assert specs.job_spec(specs.given(args, specs.JOB_OPTIONS), command=["true"]).api_access
+    assert not specs.job_spec({}, command=["true"]).api_access
+    assert remote(api_access=True)(len)._base_spec().api_access
+
+
 def test_resources_leave_out_unset_options_and_let_a_profile_keep_its_values() -> None:
     assert specs.resources({"gpus": 2, "memory": None, "selector": {}}) == {"gpus": 2, "cpus": 1.0}
     assert specs.resources({"profile": "pytorch-cuda", "gpus": 0, "cpus": 1}) == {

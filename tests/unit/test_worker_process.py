@@ -19,7 +19,7 @@ from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.runs import RunOutcome
-from gpulayer.worker.workspace import TaskDir, task_env
+from gpulayer.worker.workspace import PRIVATE_ENV, ControlPlaneAddress, TaskDir, task_env
 
 from ..support import until_async
 
@@ -263,6 +263,32 @@ def test_task_env_and_artifacts_are_visible_to_the_process(tmp_path: Path) -> No
     assert task_dir.artifact_files() == [("sub/result.txt", task_dir.artifacts / "sub/result.txt")]
     task_dir.remove()
     assert not task_dir.root.exists()
+
+
+def test_no_credential_of_the_worker_reaches_a_task(tmp_path: Path) -> None:
+    token = "gl_" + "x" * 43
+    worker_env = {
+        **{name: "secret" for name in PRIVATE_ENV},
+        "MY_OWN_NAME_FOR_IT": token,  # a gpulayer token under any name
+        "PATH_LIKE": f"a:{token}:b",
+        "PATH": "/usr/bin",
+        "NOT_A_TOKEN": "gl_short",
+    }
+    a = assignment(command=["true"], env={"PASSED_ON_PURPOSE": token})
+    env = task_env(a, tmp_path, base=worker_env)
+    assert {"GPULAYER_JOIN_TOKEN", "JUPYTER_TOKEN", "JUPYTERHUB_API_TOKEN"} <= PRIVATE_ENV
+    assert not set(worker_env) - {"PATH", "NOT_A_TOKEN"} & set(env)
+    assert env["PATH"] == "/usr/bin" and env["NOT_A_TOKEN"] == "gl_short"
+    assert env["PASSED_ON_PURPOSE"] == token  # the job's own env is the job's choice
+    assert "GPULAYER_TOKEN" not in env and "GPULAYER_URL" not in env  # no api_access
+
+
+def test_a_task_with_api_access_gets_its_own_token_and_where_to_use_it(tmp_path: Path) -> None:
+    a = assignment(command=["true"], api_access=True).model_copy(update={"api_token": "gl_t"})
+    where = ControlPlaneAddress("https://cp:8765/", "sha256:" + "0" * 64, insecure=False)
+    env = task_env(a, tmp_path, base={"GPULAYER_TOKEN": "gl_worker_user"}, control_plane=where)
+    assert env["GPULAYER_TOKEN"] == "gl_t" and env["GPULAYER_URL"] == "https://cp:8765/"
+    assert env["GPULAYER_FINGERPRINT"] == where.fingerprint and "GPULAYER_INSECURE" not in env
 
 
 def test_no_gpus_means_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
