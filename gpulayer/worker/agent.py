@@ -40,6 +40,7 @@ from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.pipeline import Pipeline
+from gpulayer.worker.spawning import Fence
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
 from gpulayer.worker.workspace import inherited_env
@@ -71,8 +72,11 @@ class AgentConfig:
 class Agent:
     """One running worker: registration, loops, tasks. Use :func:`run_agent`."""
 
-    def __init__(self, config: AgentConfig, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self, config: AgentConfig, http: httpx.AsyncClient, fence: Fence | None = None
+    ) -> None:
         self.config = config
+        self._fence = fence
         self.name = config.name or socket.gethostname()
         self.data_dir = Path(
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
@@ -263,10 +267,12 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
             except (ValueError, RuntimeError, NotImplementedError) as e:  # not the main thread
                 log.debug("cannot handle %s: %s", sig.name, e)
     timeout = httpx.Timeout(_ACQUIRE_WAIT_SECONDS + 15.0, connect=5.0)
+    # Before anything starts a process: every task process carries the fence's mark.
+    fence = Fence.start()
     try:
         verify = tls.verify_for(config.url, config.fingerprint)
         async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
-            agent = Agent(config, http)
+            agent = Agent(config, http, fence)
             serving = asyncio.create_task(agent.serve(), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
             try:
@@ -282,6 +288,8 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if fence is not None:
+            await asyncio.to_thread(fence.close)  # kills what is left of the tasks
     log.info("worker stopped")
 
 
