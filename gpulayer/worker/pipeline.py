@@ -197,6 +197,8 @@ class Pipeline:
         if resp.is_success:
             return c.MetricAck.model_validate(resp.json())
         log.warning("metrics of task %s refused: %s", task_id, describe(resp))
+        if resp.status_code == 409 and (task := self.tasks.get(task_id)):
+            task.abandon(f"metrics refused: {describe(resp)}")  # e.g. a stale attempt
         return None
 
     async def _send_logs(self, task_id: str, batch: c.LogBatch) -> c.LogAck | None:

@@ -14,7 +14,7 @@ from gpulayer.contracts import (
     TaskCompletion,
     WorkerRegistration,
 )
-from gpulayer.errors import InvalidTransition, NotFound
+from gpulayer.errors import InvalidTransition, NotFound, StaleAttempt
 from jupyter_ext.artifacts import BlobStore
 from jupyter_ext.auth import Principal, TokenService
 from jupyter_ext.control_plane import ControlPlane
@@ -173,10 +173,11 @@ def test_a_silent_worker_goes_unhealthy_then_offline_and_its_task_is_retried(wor
                 r1.worker_id, Heartbeat(running_tasks=[first.task_id])
             )
             assert hb.kill_tasks == [first.task_id]
-            # Its late completion does not change the job.
-            await sched.tasks.complete(
-                as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
-            )
+            # Its late completion is refused (a stale attempt) and does not change the job.
+            with pytest.raises(StaleAttempt):
+                await sched.tasks.complete(
+                    as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
+                )
             assert (await sched.jobs.get(job.id)).state == "running"
 
     run(body())
