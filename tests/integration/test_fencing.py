@@ -6,10 +6,13 @@ included, is gone within a few seconds, checked with psutil on the pids the task
 wrote down.
 """
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -192,3 +195,158 @@ def test_kill_9_of_gpulayer_up_takes_its_control_plane_workers_and_tasks(tmp_pat
         up.wait()
         if up.stdout is not None:
             up.stdout.close()
+
+
+# ------------------------------------------------- a worker that cannot renew its lease
+
+#: Attempt 1 runs for a minute, a retry for a moment; each writes when it started and
+#: beats every 0.1 s, and appends its attempt to ``done`` when it finishes (the side
+#: effect that must happen once).
+ATTEMPT = """
+import os, sys, time
+folder, attempt = sys.argv[1], os.environ["GPULAYER_ATTEMPT"]
+def write(name, text):
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(text)
+write(f"start-{attempt}", repr(time.time()))
+write(f"pid-{attempt}", str(os.getpid()))
+end = time.time() + (60 if attempt == "1" else 0.5)
+while time.time() < end:
+    write(f"beat-{attempt}", repr(time.time()))
+    time.sleep(0.1)
+with open(os.path.join(folder, "done"), "a") as f:
+    f.write(attempt + "\\n")
+"""
+
+
+def assert_no_overlap(folder: Path, job) -> None:
+    """The retry started after the first attempt's last beat, and finished once."""
+    assert job.state == "succeeded", job.info.reason
+    last_beat_1 = float((folder / "beat-1").read_text())
+    start_2 = float((folder / "start-2").read_text())
+    assert last_beat_1 < start_2, f"attempt 1 beat {last_beat_1 - start_2:.2f}s into the retry"
+    assert (folder / "done").read_text() == "2\n"
+    assert not alive(int((folder / "pid-1").read_text()))
+
+
+def test_a_frozen_agents_task_is_killed_before_its_retry_starts(fresh_cluster, tmp_path):
+    c = fresh_cluster(workers=0)
+    frozen = c.add_worker("frozen", slots=1)
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", ATTEMPT, str(tmp_path)], retries=1, connection=conn)
+        until(lambda: (tmp_path / "beat-1").exists(), timeout=60, what="attempt 1 to run")
+        c.add_worker("spare", slots=1)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            job.wait(timeout=90)
+            assert_no_overlap(tmp_path, job)
+            tasks = [(t.attempt, t.state, t.worker_name) for t in conn.job(job.id).tasks]
+            assert tasks == [(1, "lost", "frozen"), (2, "succeeded", "spare")]
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        # Thawed, it comes back; its late report of attempt 1 changes nothing.
+        until(
+            lambda: {w.name: w.state for w in conn.workers()}["frozen"] == "ready",
+            timeout=30,
+            what="the thawed worker to be ready again",
+        )
+        assert conn.job(job.id).state == "succeeded"
+        assert (tmp_path / "done").read_text() == "2\n"
+
+
+class Proxy:
+    """A TCP proxy to ``port`` that can be cut (its connections dropped, new ones
+    refused) and restored on the same port: a network partition."""
+
+    def __init__(self, port: int) -> None:
+        from gpulayer.cli.processes import free_port
+
+        self.upstream = port
+        self.port = free_port()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            socks, self._sockets = self._sockets, []
+            if self._listener is not None:
+                socks.append(self._listener)
+                self._listener = None
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    client.close()
+                    server.close()
+                    return
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def test_a_worker_cut_off_from_the_control_plane_stops_its_task_before_the_retry(
+    fresh_cluster, tmp_path
+):
+    c = fresh_cluster(workers=0)
+    proxy = Proxy(c.port)
+    proxy.start()
+    url = c.url.replace(f":{c.port}/", f":{proxy.port}/")
+    env = {**os.environ, "GPULAYER_JOIN_TOKEN": c.join_token}
+    log_file = tmp_path / "cut.log"
+    argv = [PY, "-m", "gpulayer", "join", url, "--name", "cut", "--slots", "1",
+            "--data-dir", str(tmp_path / "cut")]  # fmt: skip
+    with log_file.open("wb") as out:
+        cut = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    folder = tmp_path / "files"
+    folder.mkdir()
+    try:
+        c.wait_for_workers(["cut"])
+        with c.connection() as conn:
+            job = gl.submit([PY, "-c", ATTEMPT, str(folder)], retries=1, connection=conn)
+            until(lambda: (folder / "beat-1").exists(), timeout=60, what="attempt 1 to run")
+            c.add_worker("spare", slots=1)
+            proxy.cut()
+            job.wait(timeout=90)
+            assert_no_overlap(folder, job)
+            assert "no heartbeat answered" in log_file.read_text()
+            # The partition heals: the worker registers again and is back in service.
+            proxy.start()
+            until(
+                lambda: {w.name: w.state for w in conn.workers()}["cut"] == "ready",
+                timeout=30,
+                what="the worker to come back",
+            )
+            assert conn.job(job.id).state == "succeeded"
+            assert (folder / "done").read_text() == "2\n"
+    finally:
+        cut.terminate()
+        cut.wait(30)
+        proxy.cut()

@@ -444,3 +444,42 @@ def test_a_task_given_up_by_a_stopping_worker_is_not_placed_there_again(world):
             assert (await sched.workers.acquire(other.worker_id, 0)).assignments[0].job_id == job.id
 
     run(body())
+
+
+def test_a_late_heartbeat_built_before_an_acquire_answer_loses_nothing(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.workers.register(reg("box"))
+            first = await sched.workers.acquire(r.worker_id, 0)  # nothing yet
+            assert first is None
+            job = await sched.jobs.submit(spec(), "u")
+            got = await sched.workers.acquire(r.worker_id, 0)
+            [a] = got.assignments
+            assert got.seq > 0
+            # A heartbeat the worker built before that answer reached it, delivered
+            # long after the old 2-heartbeat grace: the task keeps running.
+            clock.now += 5
+            late = Heartbeat(running_tasks=[], acquired_seq=got.seq - 1)
+            assert (await sched.workers.heartbeat(r.worker_id, late)).kill_tasks == []
+            assert (await sched.jobs.get(job.id)).state == "running"
+            # One built after it that does not list the task: the worker lost it.
+            gone = Heartbeat(running_tasks=[], acquired_seq=got.seq)
+            await sched.workers.heartbeat(r.worker_id, gone)
+            j = await sched.jobs.get(job.id)
+            assert j.state == "lost" and j.reason == "the worker no longer runs it"
+            assert [t.id for t in j.tasks] == [a.task_id]
+
+    run(body())
+
+
+def test_acquire_answers_are_numbered_upwards_even_when_the_clock_stands_still(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.workers.register(reg("box", slots=4))
+            seqs = []
+            for _ in range(3):
+                await sched.jobs.submit(spec(), "u")
+                seqs.append((await sched.workers.acquire(r.worker_id, 0)).seq)
+            assert seqs == sorted(set(seqs))
+
+    run(body())
