@@ -69,6 +69,8 @@ from .training import (
     StoredMetricPoint,
 )
 from .workers import (
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
     Device,
     GpuSample,
     Heartbeat,
@@ -86,6 +88,8 @@ from .workers import (
 __all__ = [
     "API_PREFIX",
     "API_VERSION",
+    "DEFAULT_HEARTBEAT_SECONDS",
+    "DEFAULT_LEASE_SECONDS",
     "FRAGMENT",
     "INLINE_BYTES",
     "PROFILES",

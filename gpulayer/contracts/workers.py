@@ -8,6 +8,11 @@ from pydantic import Field, StringConstraints
 
 from .base import API_VERSION, Accelerator, DocumentModel, LabelKey, Name, RequestModel
 
+#: How often workers heartbeat, unless the control plane says otherwise.
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+#: How long a running task's lease lasts without a heartbeat that renews it.
+DEFAULT_LEASE_SECONDS = 12.0
+
 
 class WorkerState(enum.StrEnum):
     """Life cycle of a worker."""

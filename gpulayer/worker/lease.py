@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 from gpulayer.worker.spawning import Fence
 
 
@@ -31,8 +32,8 @@ class Lease:
         self,
         fence: Fence | None = None,
         *,
-        heartbeat_seconds: float = 2.0,
-        lease_seconds: float = 12.0,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fence = fence

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -168,7 +169,7 @@ def test_kill_9_of_gpulayer_up_takes_its_control_plane_workers_and_tasks(tmp_pat
     data = tmp_path / "up"
     env = {**os.environ, "GPULAYER_CONFIG": str(tmp_path / "absent.json")}
     argv = [PY, "-m", "gpulayer", "up", "--port", "0", "--data-dir", str(data),
-            "--no-save-config"]  # fmt: skip
+            "--no-save-config", "--heartbeat-seconds", "0.5", "--lease-seconds", "3"]  # fmt: skip
     from gpulayer.cli.processes import free_port
 
     argv[argv.index("0")] = str(free_port())
@@ -182,6 +183,16 @@ def test_kill_9_of_gpulayer_up_takes_its_control_plane_workers_and_tasks(tmp_pat
                 break
         assert url, "gpulayer up did not come up"
         token = (data / "admin.token").read_text().strip()
+        # The timings given to `up` are the control plane's, and workers hear them.
+        probe = {"name": "probe", "hostname": "probe", "cpus": 1, "memory_bytes": 1 << 30,
+                 "version": "test"}  # fmt: skip
+        join = (data / "join.token").read_text().strip()
+        answer = httpx.post(
+            url + "gpulayer/api/v1/workers/register",
+            json=probe,
+            headers={"Authorization": f"Bearer {join}"},
+        ).json()
+        assert (answer["heartbeat_seconds"], answer["lease_seconds"]) == (0.5, 3.0)
         with gl.Connection(url, token) as conn:
             gl.submit([PY, "-c", TREE, str(tmp_path)], connection=conn)
             tasks = pids_in(tmp_path, 3)

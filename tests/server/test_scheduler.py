@@ -483,3 +483,29 @@ def test_acquire_answers_are_numbered_upwards_even_when_the_clock_stands_still(w
             assert seqs == sorted(set(seqs))
 
     run(body())
+
+
+def test_with_the_default_timings_a_dead_workers_task_is_retried_within_15_seconds(tmp_path):
+    async def body():
+        clock = Clock()
+        store = await Store(tmp_path / "gl.db").open()
+        try:
+            tokens = TokenService(store, clock)
+            sched = ControlPlane(store, BlobStore(tmp_path / "b"), Notifier(), tokens, clock=clock)
+            r1 = await sched.workers.register(reg("one", slots=1))
+            job = await sched.jobs.submit(spec(retries=1), "u")
+            [a] = (await sched.workers.acquire(r1.worker_id, 0)).assignments
+            await sched.workers.heartbeat(r1.worker_id, Heartbeat(running_tasks=[a.task_id]))
+            died = clock.now  # right after its last heartbeat: the worst case
+            r2 = await sched.workers.register(reg("two", slots=1))
+            while (await sched.jobs.get(job.id)).attempts < 2:
+                assert clock.now - died <= 15, "the task was not retried within 15 s"
+                clock.now += 1.0  # the sweep's default period
+                await sched.workers.heartbeat(r2.worker_id, Heartbeat())  # only "two" lives
+                await sched.leases.sweep()
+            retried = await sched.jobs.get(job.id)
+            assert [t.worker_name for t in retried.tasks] == ["one", "two"]
+        finally:
+            await store.close()
+
+    run(body())
