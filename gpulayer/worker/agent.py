@@ -93,6 +93,7 @@ class Agent:
         self._trees = TreeSampler()
         self._lease = Lease(fence)
         self._acquired_seq: int | None = None  # the newest acquire answer dispatched
+        self._register_again = False  # tasks were stopped for the lease: re-register
         self._uplink = Uplink(
             http,
             config.url,
@@ -171,6 +172,7 @@ class Agent:
             raise ConfigError(f"cannot register this worker: {e}") from e
 
     def _registered(self, reg: c.Registered, took: float) -> None:
+        self._register_again = False
         self._lease.configure(reg.heartbeat_seconds, reg.lease_seconds)
         # It renewed the listed tasks' leases after the request that got it was sent.
         self._lease.renewed(self._lease.now() - took)
@@ -184,7 +186,7 @@ class Agent:
             try:
                 if self._fence is not None:
                     self._fence.check()
-                if self._lease.lapsed:
+                if self._lease.lapsed or self._register_again:
                     # The control plane may have given our tasks away: register again
                     # (once it is back), so it hears what is left and says what to drop.
                     await self._uplink.register_again()
@@ -208,6 +210,7 @@ class Agent:
                 log.warning("worker %s: %s (%d task(s))", self.name, why, len(running))
             for task in running:
                 task.fence(why)
+            self._register_again = True
             await self._lease.renewal()
 
     async def _heartbeat(self, *, retry: bool = True) -> bool:
