@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpulayer import bundle
 from gpulayer.contracts import Assignment
+from gpulayer.worker.spawning import FENCE_ENV
 
 #: Variables of the worker's own environment that a task never inherits.
 _PRIVATE_ENV = frozenset({"GPULAYER_TOKEN"})
@@ -77,6 +78,15 @@ def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in source.items() if k not in _PRIVATE_ENV}
 
 
+def keep_fence_mark(env: dict[str, str], source: Mapping[str, str]) -> None:
+    """Put the worker's fence mark (``GPULAYER_FENCE``, gpulayer/worker/spawning.py)
+    back into ``env`` after a job's own variables: a job cannot shed it."""
+    if FENCE_ENV in source:
+        env[FENCE_ENV] = source[FENCE_ENV]
+    else:
+        env.pop(FENCE_ENV, None)
+
+
 def task_vars(assignment: Assignment, artifacts: Path) -> dict[str, str]:
     """The variables gpulayer guarantees each task (a job cannot override them)."""
     return {
@@ -94,6 +104,7 @@ def task_env(
     job's ``env``, then the variables gpulayer guarantees, which a job cannot override."""
     env = inherited_env(base)
     env.update(assignment.spec.env)
+    keep_fence_mark(env, os.environ if base is None else base)
     env.update(task_vars(assignment, artifacts), PYTHONUNBUFFERED="1")
     # The reservation, for every vendor's runtime (a job cannot widen it).
     visible = ",".join(str(i) for i in assignment.gpu_indices)
