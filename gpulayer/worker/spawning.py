@@ -67,6 +67,11 @@ def child_options() -> dict[str, Any]:
     The child gets a new session, so it and everything it forks share one process
     group that a cancel, a timeout or a shutdown stops as a whole; on Linux it also
     dies with the agent and registers with the fence (module docstring).
+
+    Whatever else this adds for the child (e.g. the user it runs as) must take
+    effect before the ``preexec_fn`` runs: a change of user clears the parent-death
+    signal. Popen's ``user=``/``group=`` do (they apply before ``preexec_fn``); a
+    second ``preexec_fn`` must call this one last.
     """
     options: dict[str, Any] = {"start_new_session": True}
     preexec = die_with_parent(register=_fence_fd)
