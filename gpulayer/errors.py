@@ -13,7 +13,8 @@ the client turns the body back into the same class::
     │   └── RateLimited        too many failed logins from one address (429)
     ├── NotFound               unknown job, worker, task, artifact     (404)
     ├── Conflict               the request does not fit the state      (409)
-    │   └── InvalidTransition  e.g. cancel a job that already ended
+    │   ├── InvalidTransition  e.g. cancel a job that already ended
+    │   └── StaleAttempt       a report for a task its job no longer runs
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
@@ -95,6 +96,14 @@ class InvalidTransition(Conflict):
     """A state change that the state machine does not allow."""
 
     code = "invalid_transition"
+
+
+class StaleAttempt(Conflict):
+    """A worker reported on a task that is no longer its job's current attempt (it
+    was given up as ``lost``, or a newer attempt replaced it): the report is refused
+    and the worker stops the task (docs/adr/0082-fencing.md)."""
+
+    code = "stale_attempt"
 
 
 class PayloadTooLarge(GpulayerError):
@@ -226,6 +235,7 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         Conflict,
         InvalidTransition,
         PayloadTooLarge,
+        StaleAttempt,
     )
 }
 

@@ -19,7 +19,12 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int, Unicode, default, validate
 
-from gpulayer.contracts import API_PREFIX, plain_text
+from gpulayer.contracts import (
+    API_PREFIX,
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
+    plain_text,
+)
 
 from . import api, prometheus
 from .api.base import AppState, GpulayerAPIHandler, Limits, Running
@@ -64,14 +69,19 @@ class GpulayerApp(ExtensionApp):
         config=True
     )
     long_poll_seconds = Float(30.0, help="Longest hold of a long poll before 204.").tag(config=True)
-    heartbeat_seconds = Float(5.0, help="How often workers heartbeat.").tag(config=True)
+    heartbeat_seconds = Float(
+        DEFAULT_HEARTBEAT_SECONDS,
+        help="How often workers heartbeat; a worker silent for 3 of them is unhealthy.",
+    ).tag(config=True)
     lease_seconds = Float(
-        30.0, help="A running task whose worker is silent this long is lost (or retried)."
+        DEFAULT_LEASE_SECONDS,
+        help="A running task whose worker is silent this long is lost (or retried); workers"
+        " stop their tasks when they could not renew it for lease - 2 x heartbeat.",
     ).tag(config=True)
     aging_seconds = Float(
         300.0, help="A job waiting this long keeps later jobs off the workers that could run it."
     ).tag(config=True)
-    telemetry_samples = Int(360, help="Heartbeat readings kept per worker (in memory).").tag(
+    telemetry_samples = Int(900, help="Heartbeat readings kept per worker (in memory).").tag(
         config=True
     )
     session_idle_seconds = Float(

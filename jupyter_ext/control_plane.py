@@ -15,6 +15,8 @@ their own on a temporary store with an injected clock.
 import time
 from collections.abc import Callable
 
+from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
+
 from .artifacts import BlobStore
 from .auth import TokenService
 from .core import Core, Settings
@@ -40,10 +42,10 @@ class ControlPlane:
         notifier: Notifier,
         tokens: TokenService,
         *,
-        heartbeat_seconds: float = 5.0,
-        lease_seconds: float = 30.0,
+        heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         aging_seconds: float = 300.0,
-        telemetry_samples: int = 360,
+        telemetry_samples: int = 900,
         session_idle_seconds: float = 3600.0,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,

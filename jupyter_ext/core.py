@@ -17,7 +17,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpulayer.contracts import JobSpec, JobState
+from gpulayer.contracts import (
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
+    JobSpec,
+    JobState,
+)
 from gpulayer.errors import NotFound
 
 from . import gangs
@@ -39,8 +44,8 @@ def new_id() -> str:
 class Settings:
     """Timings of the control plane (see ``GpulayerApp`` for their meaning)."""
 
-    heartbeat_seconds: float = 5.0
-    lease_seconds: float = 30.0
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
     aging_seconds: float = 300.0
     session_idle_seconds: float = 3600.0
 
@@ -87,7 +92,7 @@ class Core:
         notifier: Notifier,
         *,
         settings: Settings = Settings(),
-        telemetry_samples: int = 360,
+        telemetry_samples: int = 900,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from .store import Store, WorkerRecord, as_datetime
 class Fleet:
     """Parsed worker views and telemetry windows, on top of the store."""
 
-    def __init__(self, store: Store, telemetry_samples: int = 360) -> None:
+    def __init__(self, store: Store, telemetry_samples: int = 900) -> None:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
         self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(

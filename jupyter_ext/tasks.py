@@ -4,6 +4,12 @@ Every method takes the reporting principal; ``access.own_task`` admits a worker
 token only for tasks placed on its own worker. A completion decides the job's end
 or its retry (through ``Core.finish`` and so ``transitions.py``) and is
 idempotent: one for a task that already ended answers the stored task.
+
+Attempt numbers are fencing tokens (docs/adr/0082-fencing.md): logs, metrics,
+artifacts, results and completions for a task that is no longer its job's current
+attempt (given up as ``lost``, or replaced by a newer attempt) are refused with
+:class:`~gpulayer.errors.StaleAttempt` (409 ``stale_attempt``), so only the
+current attempt's outcome is ever kept; the worker stops such a task.
 """
 
 import logging
@@ -19,7 +25,7 @@ from gpulayer.contracts import (
     TaskCompletion,
     WorkerState,
 )
-from gpulayer.errors import Conflict, NotFound, ValidationError
+from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
 
 from . import access
 from .auth import Principal
@@ -45,9 +51,16 @@ class Tasks:
         """The task, if ``reporter`` may report on it."""
         return access.own_task(reporter, await self._core.task(task_id))
 
-    async def open_task(self, reporter: Principal | None, task_id: str, what: str) -> TaskRecord:
-        """:meth:`reporting` for a task that has not ended (:class:`Conflict` once it has)."""
+    async def current(self, reporter: Principal | None, task_id: str) -> TaskRecord:
+        """:meth:`reporting` for a task that is its job's current attempt
+        (:class:`StaleAttempt` otherwise)."""
         task = await self.reporting(reporter, task_id)
+        await self._fence(task)
+        return task
+
+    async def open_task(self, reporter: Principal | None, task_id: str, what: str) -> TaskRecord:
+        """:meth:`current` for a task that has not ended (:class:`Conflict` once it has)."""
+        task = await self.current(reporter, task_id)
         if task.ended:
             closed = f"; its {what} are closed" if what else ""
             raise Conflict(f"task {task_id} already {task.state}{closed}")
@@ -67,8 +80,9 @@ class Tasks:
     async def add_artifact(
         self, reporter: Principal | None, task_id: str, name: str, data: bytes
     ) -> Artifact:
-        """Store a file a task produced under its job (:class:`Conflict` once the
-        task ended: nothing is added to a job after its end)."""
+        """Store a file a task produced under its job (:class:`StaleAttempt` for a
+        superseded attempt, :class:`Conflict` once the task ended: nothing is added to
+        a job after its end)."""
         task = await self.open_task(reporter, task_id, "artifacts")
         sha, size = await self._core.blobs.put(data)
         art = ArtifactRecord(task.job_id, name, sha, size, self._core.clock())
@@ -93,11 +107,13 @@ class Tasks:
     ) -> Task:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
-        task = await self.reporting(reporter, task_id)
+        task = await self.current(reporter, task_id)
         if not task.ended:
             async with core.lock:
                 task = await core.task(task_id)
-                if not task.ended:
+                if task.ended:  # in the meantime (a lease ran out)
+                    await self._fence(task)
+                else:
                     await core.store.apply(await self._ending(task, done))
             log.info("task %s %s", task_id, done.state)
             await self._sessions.job_ended(task.job_id)
@@ -108,6 +124,20 @@ class Tasks:
             core.notify_job(task.job_id)
             await self._placer.schedule()
         return (await core.task(task_id)).model()
+
+    async def _fence(self, task: TaskRecord) -> None:
+        """Refuse reports on ``task`` unless it is its job's current attempt."""
+        if task.state == JobState.lost:
+            raise StaleAttempt(
+                f"task {task.id} (attempt {task.attempt}) was given up as lost"
+                f" ({task.reason}); stop it, its job takes no more reports from it"
+            )
+        job = await self._core.job(task.job_id)
+        if task.attempt != job.attempts:
+            raise StaleAttempt(
+                f"task {task.id} is attempt {task.attempt} of job {job.id}, which runs"
+                f" attempt {job.attempts} now; stop it"
+            )
 
     async def _ending(self, task: TaskRecord, done: TaskCompletion) -> list[Statement]:
         """Statements that record ``done`` for ``task`` (lock held)."""

@@ -6,6 +6,13 @@ or to ``draining`` when it was drained: it finishes its tasks and takes no new
 ones). The lease sweep (``leases.py``) moves workers down; this service brings
 them back. Workers call out to the control plane, never the other way: an
 acquire long poll hands them assignments, cancels and interrupts.
+
+Each acquire answer that starts tasks has a ``seq`` that only grows (the
+microseconds of the clock when they started, which is their ``started_at``);
+workers echo the newest they took in (``acquired_seq``) in heartbeats and
+registrations, so reconciliation ends a running task the worker does not list
+only when the worker had seen the answer that carried it: a heartbeat built
+before that answer arrived, however late it comes, loses nothing.
 """
 
 import logging
@@ -47,6 +54,7 @@ class Workers:
         self._core = core
         self._placer = placer
         self._tokens = tokens
+        self._last_seq = 0  # the newest Acquired.seq handed out
 
     async def all(self, viewer: Principal | None = None) -> list[Worker]:
         """Every known worker with its running tasks and latest readings (of the
@@ -123,7 +131,9 @@ class Workers:
                 )
             )
             token = await self._token_for(reg.name, worker_id, who, coming_back, presented)
-            kill = await self._reconcile(worker_id, reg.running_tasks, now, grace=0.0)
+            kill = await self._reconcile(
+                worker_id, reg.running_tasks, now, grace=0.0, seen=reg.acquired_seq
+            )
             await self.rearm_cancels(worker_id)
         log.info("worker %s (%s) registered", reg.name, worker_id)
         await self._placer.schedule()
@@ -198,7 +208,9 @@ class Workers:
         core.fleet.record(worker_id, now, hb)
         grace = 2 * core.settings.heartbeat_seconds
         async with core.lock:
-            kill = await self._reconcile(worker_id, hb.running_tasks, now, grace=grace)
+            kill = await self._reconcile(
+                worker_id, hb.running_tasks, now, grace=grace, seen=hb.acquired_seq
+            )
             # Cancels that an acquire answer may have lost on the way are sent again.
             listed = set(hb.running_tasks)
             cancel = sorted(
@@ -212,13 +224,20 @@ class Workers:
         return HeartbeatReply(kill_tasks=kill, cancel=cancel)
 
     async def _reconcile(
-        self, worker_id: str, reported: Sequence[str], now: float, grace: float
+        self,
+        worker_id: str,
+        reported: Sequence[str],
+        now: float,
+        grace: float,
+        seen: int | None = None,
     ) -> list[str]:
         """Compare what a worker says it runs with the store (lock held).
 
         Returns the reported tasks the control plane no longer runs there (to kill);
-        running tasks the worker no longer reports, picked up more than ``grace`` s
-        ago, end as lost (or retry).
+        running tasks the worker no longer reports end as lost (or retry) when the
+        worker had seen the acquire answer that carried them (``seen``, its newest
+        ``Acquired.seq``), or, from a worker that does not say, when they were
+        picked up more than ``grace`` s ago.
         """
         core = self._core
         mine = {
@@ -230,7 +249,13 @@ class Workers:
         await core.store.renew_leases(worker_id, sorted(listed & set(mine)), until)
         stmts: list[Statement] = []
         for tid, t in mine.items():
-            if tid not in listed and (t.started_at or 0) < now - grace:
+            if tid in listed:
+                continue
+            if seen is not None:
+                gone = acquire_seq(t.started_at or 0.0) <= seen
+            else:
+                gone = (t.started_at or 0) < now - grace
+            if gone:
                 why = "the worker no longer runs it"
                 stmts += await core.finish(t, JobState.lost, None, why)
         if stmts:
@@ -238,6 +263,11 @@ class Workers:
             for tid in mine.keys() - listed:
                 core.notify_job(mine[tid].job_id)
         return kill
+
+    def _next_seq(self) -> int:
+        """A fresh ``Acquired.seq``: the clock in microseconds, never below the last."""
+        self._last_seq = max(acquire_seq(self._core.clock()), self._last_seq + 1)
+        return self._last_seq
 
     # ------------------------------------------------------------- acquire
 
@@ -266,18 +296,18 @@ class Workers:
             ]
             if not scheduled and not cancels and not interrupts:
                 return None
+            seq = self._next_seq()
             stmts: list[Statement] = []
-            out = [await self._start(t, stmts) for t in scheduled]
+            out = [await self._start(t, stmts, seq / 1e6) for t in scheduled]
             await core.store.apply(stmts)
             core.mailbox.delivered(worker_id, cancels)  # only once stored
         for a in out:
             core.notify_job(a.job_id)
-        return Acquired(assignments=out, cancel=cancels, interrupt=interrupts)
+        return Acquired(assignments=out, cancel=cancels, interrupt=interrupts, seq=seq)
 
-    async def _start(self, task: TaskRecord, stmts: list[Statement]) -> Assignment:
-        """Add the statements that start ``task`` to ``stmts``; its assignment."""
+    async def _start(self, task: TaskRecord, stmts: list[Statement], now: float) -> Assignment:
+        """Add the statements that start ``task`` at ``now`` to ``stmts``; its assignment."""
         core = self._core
-        now = core.clock()
         job = await core.job(task.job_id)
         core.instruments.dispatch_latency.observe(max(0.0, now - task.created_at))
         stmts += started(now, job, task, now + core.settings.lease_seconds)
@@ -308,3 +338,8 @@ class Workers:
         if not draining:
             await self._placer.schedule()
         return next(w for w in await self.all() if w.id == row.id)
+
+
+def acquire_seq(started_at: float) -> int:
+    """The ``Acquired.seq`` of the answer that started a task at ``started_at``."""
+    return round(started_at * 1e6)

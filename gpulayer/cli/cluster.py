@@ -13,7 +13,9 @@ their command lines (which other users of the machine can read).
 
 It owns its processes and nothing else: no atexit hooks, no signal handlers.
 :meth:`LocalCluster.stop` (or leaving the ``with`` block) terminates every
-process it started, by PID, workers first.
+process it started, by PID, workers first. If the process that holds the cluster
+dies without stopping it (``kill -9`` of ``gpulayer up``), its subprocesses die
+with it (a parent-death signal, Linux), and each worker's tasks with the worker.
 """
 
 import contextlib

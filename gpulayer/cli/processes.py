@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpulayer.worker.spawning import die_with_parent
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
@@ -51,12 +53,16 @@ def log_tail(path: Path, lines: int = 30) -> str:
 def spawn(
     argv: list[str], log_file: Path, extra_env: Mapping[str, str], *, cwd: Path
 ) -> "subprocess.Popen[bytes]":
-    """Start ``argv`` in its own session, output appended to ``log_file``."""
+    """Start ``argv`` in its own session, output appended to ``log_file``; on Linux it
+    gets SIGKILL when this process dies (``kill -9`` included), so a control plane
+    or worker never outlives the ``gpulayer up`` (or test) that started it. Call it
+    from a thread that lives as long as the process (the main thread)."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
         # A new session: a Ctrl-C in the terminal reaches only the parent,
-        # which stops the children in order (workers before the server).
+        # which stops the children in order (workers before the server). A worker
+        # killed with its parent takes its tasks along (gpulayer/worker/spawning.py).
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -65,6 +71,7 @@ def spawn(
             env=env,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     log.debug("started %s (pid %s), log %s", argv[2:4], proc.pid, log_file)
     return proc

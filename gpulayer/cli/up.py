@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import errors
+from gpulayer import contracts, errors
 from gpulayer.cli import output
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
@@ -33,6 +33,19 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                     help="serve HTTPS (always on when --host is not loopback)")  # fmt: skip
     up.add_argument("--certfile", type=Path, help="serve this certificate, not a self-signed one")
     up.add_argument("--keyfile", type=Path, help="the key of --certfile")
+    up.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        metavar="S",
+        help="how often workers heartbeat (default 2; unhealthy after 3 missed)",
+    )
+    up.add_argument(
+        "--lease-seconds",
+        type=float,
+        metavar="S",
+        help="a silent worker's running tasks are retried after this long"
+        " (default 12; workers stop them at lease - 2 x heartbeat)",
+    )
     up.add_argument("--no-save-config", action="store_true",
                     help="do not save the connection for gl.connect()")  # fmt: skip
     up.set_defaults(func=_up)
@@ -75,12 +88,15 @@ def _up(args: argparse.Namespace) -> int:
     # only `up` and `demo` need subprocesses
     from gpulayer.cli.cluster import LocalCluster, preferred_port
 
+    _check_timings(args.heartbeat_seconds, args.lease_seconds)
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     port = args.port if args.port is not None else preferred_port(args.host)
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots,
                            tls=True if args.tls or args.certfile else None,
-                           certfile=args.certfile, keyfile=args.keyfile)  # fmt: skip
+                           certfile=args.certfile, keyfile=args.keyfile,
+                           heartbeat_seconds=args.heartbeat_seconds,
+                           lease_seconds=args.lease_seconds)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -102,6 +118,19 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _check_timings(heartbeat: float | None, lease: float | None) -> None:
+    """Refuse timings with which a worker cannot keep its lease."""
+    beat = contracts.DEFAULT_HEARTBEAT_SECONDS if heartbeat is None else heartbeat
+    hold = contracts.DEFAULT_LEASE_SECONDS if lease is None else lease
+    if beat <= 0:
+        raise errors.ValidationError("--heartbeat-seconds must be above 0", field="heartbeat")
+    if hold <= 2 * beat:
+        raise errors.ValidationError(
+            f"--lease-seconds ({hold:g}) must be more than twice --heartbeat-seconds ({beat:g})",
+            field="lease",
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -70,6 +70,8 @@ from .training import (
     StoredMetricPoint,
 )
 from .workers import (
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
     Device,
     GpuSample,
     Heartbeat,
@@ -87,6 +89,8 @@ from .workers import (
 __all__ = [
     "API_PREFIX",
     "API_VERSION",
+    "DEFAULT_HEARTBEAT_SECONDS",
+    "DEFAULT_LEASE_SECONDS",
     "FRAGMENT",
     "INLINE_BYTES",
     "PROFILES",

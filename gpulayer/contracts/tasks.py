@@ -47,6 +47,11 @@ class Acquired(DocumentModel):
     assignments: list[Assignment] = []
     cancel: list[str] = Field(default=[], description="task ids to stop")
     interrupt: list[str] = Field(default=[], description="cell task ids whose kernel gets SIGINT")
+    seq: int = Field(
+        default=0,
+        description="increases with every answer (microseconds of the control plane's clock"
+        " when its tasks started); the worker echoes the newest in Heartbeat.acquired_seq",
+    )
 
 
 class TaskCompletion(RequestModel):

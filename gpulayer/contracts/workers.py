@@ -17,6 +17,11 @@ from .base import (
     plain_text,
 )
 
+#: How often workers heartbeat, unless the control plane says otherwise.
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+#: How long a running task's lease lasts without a heartbeat that renews it.
+DEFAULT_LEASE_SECONDS = 12.0
+
 
 class WorkerState(enum.StrEnum):
     """Life cycle of a worker."""
@@ -83,6 +88,12 @@ class WorkerRegistration(RequestModel):
     address: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
         default=None, description="host or IP other workers reach this one at (gang rendezvous)"
     )
+    acquired_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="the newest Acquired.seq this worker had taken in when it built this"
+        " (None: it took none since it started); see Heartbeat.acquired_seq",
+    )
 
     @field_validator("hostname", "version")
     @classmethod
@@ -124,6 +135,13 @@ class Heartbeat(RequestModel):
     memory_used_bytes: int | None = None
     gpus: list[GpuSample] = []
     tasks: list[TaskSample] = []
+    acquired_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description="the newest Acquired.seq this worker had taken in when it built this"
+        " heartbeat: a running task it does not list ends lost only if the answer that"
+        " carried it is not newer (None: the older rule, a grace of 2 heartbeats)",
+    )
 
 
 class HeartbeatReply(DocumentModel):

@@ -7,8 +7,14 @@ by side, plus one pipeline per task::
 
     register ─┬─ heartbeat loop   every heartbeat_seconds; kill_tasks -> abandon
               ├─ acquire loop     POST acquire?wait=30 -> start assignments, cancel
+              ├─ lease loop       no heartbeat answered for lease - 2 x heartbeat:
+              │                   stop every task (reported lost), register again
               └─ task pipeline    prepare dir + bundle -> Run -> flush logs
                                   -> upload artifacts -> complete -> remove dir
+
+Its task processes never outlive it: :mod:`~gpulayer.worker.spawning` starts them
+so they die with the agent, and its supervisor kills them when the agent's lease
+runs out while it is frozen (docs/adr/0082-fencing.md).
 
 The pieces: :mod:`~gpulayer.worker.uplink` (HTTP, retry, re-registration),
 :mod:`~gpulayer.worker.pipeline` (run and deliver one task),
@@ -40,7 +46,9 @@ from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
+from gpulayer.worker.lease import Lease
 from gpulayer.worker.pipeline import Pipeline
+from gpulayer.worker.spawning import Fence
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
 from gpulayer.worker.workspace import ControlPlaneAddress, inherited_env
@@ -73,8 +81,11 @@ class AgentConfig:
 class Agent:
     """One running worker: registration, loops, tasks. Use :func:`run_agent`."""
 
-    def __init__(self, config: AgentConfig, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self, config: AgentConfig, http: httpx.AsyncClient, fence: Fence | None = None
+    ) -> None:
         self.config = config
+        self._fence = fence
         self.name = config.name or socket.gethostname()
         self.data_dir = Path(
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
@@ -82,7 +93,9 @@ class Agent:
         self.devices = devices.discover()
         self._gpu_telemetry = GpuTelemetry(self.devices)
         self._trees = TreeSampler()
-        self._heartbeat_seconds = 10.0
+        self._lease = Lease(fence)
+        self._acquired_seq: int | None = None  # the newest acquire answer dispatched
+        self._register_again = False  # tasks were stopped for the lease: re-register
         self._uplink = Uplink(
             http,
             config.url,
@@ -115,6 +128,7 @@ class Agent:
             slots=config.slots,
             log_batch_seconds=config.log_batch_seconds,
             heartbeat=self._heartbeat,
+            lease=self._lease,
         )
         self._tasks = self._pipeline.tasks
         self._registration()  # fail fast on a bad name, slots or labels
@@ -126,7 +140,7 @@ class Agent:
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
         await self._uplink.register()
-        await asyncio.gather(self._heartbeat_loop(), self._acquire_loop())
+        await asyncio.gather(self._heartbeat_loop(), self._acquire_loop(), self._lease_loop())
 
     async def shutdown(self) -> None:
         """Release every task (reported ``lost``, so it is retried), and wait for its processes."""
@@ -155,24 +169,53 @@ class Agent:
                 version=gpulayer.__version__,
                 python=f"{sys.version_info.major}.{sys.version_info.minor}",
                 running_tasks=self._running_ids(),
+                acquired_seq=self._acquired_seq,
                 address=self.config.address or advertise_address(self.config.url),
             )
         except pydantic.ValidationError as e:
             raise ConfigError(f"cannot register this worker: {e}") from e
 
-    def _registered(self, reg: c.Registered) -> None:
-        self._heartbeat_seconds = reg.heartbeat_seconds
+    def _registered(self, reg: c.Registered, took: float) -> None:
+        self._register_again = False
+        self._lease.configure(reg.heartbeat_seconds, reg.lease_seconds)
+        # It renewed the listed tasks' leases after the request that got it was sent.
+        self._lease.renewed(self._lease.now() - took)
         self._kill(reg.kill_tasks)
 
     # --------------------------------------------------------------- loops
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._heartbeat_seconds)
+            await asyncio.sleep(self._lease.heartbeat_seconds)
             try:
-                await self._heartbeat()
+                if self._fence is not None:
+                    self._fence.check()
+                if self._lease.lapsed or self._register_again:
+                    # The control plane may have given our tasks away: register again
+                    # (once it is back), so it hears what is left and says what to drop.
+                    await self._uplink.register_again()
+                else:
+                    await self._heartbeat()
             except Exception:  # a loop of the agent: log and keep beating
                 log.exception("heartbeat failed")
+
+    async def _lease_loop(self) -> None:
+        """Stop every task when the lease may be lost, before the control plane can
+        hand the tasks to another worker; wait for a renewal, and again."""
+        while True:
+            await self._lease.lapse()
+            since = self._lease.now() - (self._lease.renewed_at or 0.0)
+            why = (
+                f"no heartbeat answered for {since:.1f}s: stopped before its"
+                f" {self._lease.lease_seconds:g}s lease could run out"
+            )
+            running = [t for t in self._tasks.values() if not t.abandoned]
+            if running:
+                log.warning("worker %s: %s (%d task(s))", self.name, why, len(running))
+            for task in running:
+                task.fence(why)
+            self._register_again = True
+            await self._lease.renewal()
 
     async def _heartbeat(self, *, retry: bool = True) -> bool:
         """Send one heartbeat; True when the control plane answered it (below 500)."""
@@ -181,6 +224,7 @@ class Agent:
         pids = {t.run.pid: t.id for t in self._tasks.values() if t.run and t.run.pid}
         beat = c.Heartbeat(
             running_tasks=running,
+            acquired_seq=self._acquired_seq,
             cpu_percent=psutil.cpu_percent(None),
             memory_used_bytes=vm.total - vm.available,
             gpus=self._gpu_telemetry.sample(),
@@ -195,6 +239,9 @@ class Agent:
             return False
         if resp.is_success:
             reply = c.HeartbeatReply.model_validate(resp.json())
+            # The leases were renewed after the try that got this answer was sent
+            # (not the first try, which an outage may have made long ago).
+            self._lease.renewed(self._lease.now() - resp.elapsed.total_seconds())
             self._kill(reply.kill_tasks)
             self._cancel(reply.cancel)
         elif resp.status_code < 500:
@@ -221,6 +268,8 @@ class Agent:
             delay = min(delay * 2, BACKOFF_CAP_SECONDS)
 
     def _dispatch(self, acquired: c.Acquired) -> None:
+        # Heartbeats built from now on list this answer's tasks (docs/api.md).
+        self._acquired_seq = max(self._acquired_seq or 0, acquired.seq)
         self._cancel(acquired.cancel)
         for task_id in acquired.interrupt:
             if task := self._tasks.get(task_id):
@@ -270,10 +319,12 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
             except (ValueError, RuntimeError, NotImplementedError) as e:  # not the main thread
                 log.debug("cannot handle %s: %s", sig.name, e)
     timeout = httpx.Timeout(_ACQUIRE_WAIT_SECONDS + 15.0, connect=5.0)
+    # Before anything starts a process: every task process carries the fence's mark.
+    fence = Fence.start()
     try:
         verify = tls.verify_for(config.url, config.fingerprint)
         async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
-            agent = Agent(config, http)
+            agent = Agent(config, http, fence)
             serving = asyncio.create_task(agent.serve(), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
             try:
@@ -289,6 +340,8 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if fence is not None:
+            await asyncio.to_thread(fence.close)  # kills what is left of the tasks
     log.info("worker stopped")
 
 

@@ -41,6 +41,7 @@ from gpulayer import contracts as c
 from gpulayer.payload import Summary
 from gpulayer.worker.runs import LineCallback, RunOutcome
 from gpulayer.worker.spawning import child_options
+from gpulayer.worker.workspace import keep_fence_mark
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +234,7 @@ class RunnerPool:
         gpus, job_env = key
         env = dict(self.base_env)
         env.update(job_env)
+        keep_fence_mark(env, self.base_env)
         visible = ",".join(map(str, gpus))
         env.update(CUDA_VISIBLE_DEVICES=visible, HIP_VISIBLE_DEVICES=visible)
         env["PYTHONUNBUFFERED"] = "1"

@@ -27,6 +27,7 @@ import httpx
 from gpulayer import contracts as c
 from gpulayer.errors import GpulayerError
 from gpulayer.worker.launch import Launcher
+from gpulayer.worker.lease import Lease
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import RunOutcome
@@ -60,6 +61,8 @@ class Pipeline:
         How long to gather log lines into one batch.
     heartbeat
         Tells an outage (wait, no strike) from a failing artifact upload.
+    lease
+        The worker's lease: a run that ends after it may be lost ends ``lost``.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Pipeline:
         slots: int,
         log_batch_seconds: float,
         heartbeat: Heartbeat,
+        lease: Lease | None = None,
     ) -> None:
         self.tasks: dict[str, TaskRecord] = {}  # tasks whose result is not delivered yet
         self._uplink = uplink
@@ -77,6 +81,7 @@ class Pipeline:
         self._slots = asyncio.Semaphore(slots)
         self._log_batch_seconds = log_batch_seconds
         self._heartbeat = heartbeat
+        self._lease = lease
 
     def start(self, assignment: c.Assignment) -> None:
         """Start the pipeline of a new assignment."""
@@ -119,6 +124,14 @@ class Pipeline:
                 task.logs.add(c.LogStream.system, outcome.reason or "", _now())
             if task.released and outcome.state == "cancelled":
                 outcome = RunOutcome("lost", outcome.exit_code, outcome.reason)
+            if outcome.state != "succeeded" and (
+                task.fenced or (self._lease is not None and self._lease.overdue())
+            ):
+                # Stopped (or killed by the supervisor while the agent was frozen)
+                # because the lease may be lost: the control plane retries it.
+                task.fenced = True
+                reason = task.cancel_reason or "its worker's lease ran out"
+                outcome = RunOutcome("lost", outcome.exit_code, reason)
             log.log(
                 logging.DEBUG if task.assignment.spec.function else logging.INFO,
                 "task %s ended: %s%s",
@@ -197,6 +210,8 @@ class Pipeline:
         if resp.is_success:
             return c.MetricAck.model_validate(resp.json())
         log.warning("metrics of task %s refused: %s", task_id, describe(resp))
+        if resp.status_code == 409 and (task := self.tasks.get(task_id)):
+            task.abandon(f"metrics refused: {describe(resp)}")  # e.g. a stale attempt
         return None
 
     async def _send_logs(self, task_id: str, batch: c.LogBatch) -> c.LogAck | None:

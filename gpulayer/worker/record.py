@@ -38,6 +38,7 @@ class TaskRecord:
     cancel_reason: str | None = None
     abandoned: bool = False  # the control plane gave up on it: report nothing more
     released: bool = False  # the worker stops: report ``lost``, so it is retried
+    fenced: bool = False  # stopped because the lease may be lost: report ``lost``
 
     @property
     def id(self) -> str:
@@ -49,6 +50,12 @@ class TaskRecord:
             self.cancel_reason = reason
         if self.run is not None:
             self.run.cancel(self.cancel_reason)
+
+    def fence(self, reason: str) -> None:
+        """Stop the run because the worker may have lost its lease; it reports ``lost``
+        (unless it succeeded first), so the control plane retries it."""
+        self.fenced = True
+        self.cancel(reason)
 
     def interrupt(self) -> None:
         """SIGINT a cell's kernel (other runs have nothing to interrupt)."""

@@ -69,7 +69,8 @@ class Uplink:
     registration
         Describes the worker at each registration (its running tasks change).
     on_registered
-        Called with every answer to a registration.
+        Called with every answer to a registration and the seconds the request that
+        got it took (the registration was taken in no earlier than that long ago).
     blob_dir
         Where downloaded bundles are cached by their sha256.
     credentials
@@ -85,7 +86,7 @@ class Uplink:
         *,
         name: str,
         registration: Callable[[], c.WorkerRegistration],
-        on_registered: Callable[[c.Registered], None],
+        on_registered: Callable[[c.Registered, float], None],
         blob_dir: Path,
         credentials: CredentialFile | None = None,
     ) -> None:
@@ -132,7 +133,11 @@ class Uplink:
             "registered worker %s as %s (%d GPUs)", self._name, reg.worker_id, len(body.devices)
         )
         await self._keep_credential(Credential(self._url, reg.worker_id, reg.token))
-        self._on_registered(reg)
+        self._on_registered(reg, resp.elapsed.total_seconds())
+
+    async def register_again(self) -> None:
+        """Register again now (retrying until the control plane takes it)."""
+        await self._register_again(self._registrations)
 
     async def _register_as_itself(self, body: c.WorkerRegistration) -> httpx.Response | None:
         """``workers/{id}/register`` with the kept credential; None when there is none

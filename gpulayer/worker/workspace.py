@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpulayer import bundle
 from gpulayer.contracts import Assignment
+from gpulayer.worker.spawning import FENCE_ENV
 
 #: Variables of the worker's own environment that carry credentials: a task, a function
 #: runner, a kernel or a rank never inherits them (docs/security.md, "What a task can reach").
@@ -94,6 +95,15 @@ def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def keep_fence_mark(env: dict[str, str], source: Mapping[str, str]) -> None:
+    """Put the worker's fence mark (``GPULAYER_FENCE``, gpulayer/worker/spawning.py)
+    back into ``env`` after a job's own variables: a job cannot shed it."""
+    if FENCE_ENV in source:
+        env[FENCE_ENV] = source[FENCE_ENV]
+    else:
+        env.pop(FENCE_ENV, None)
+
+
 @dataclass(frozen=True)
 class ControlPlaneAddress:
     """Where a task with ``api_access`` reaches the control plane: the worker's own URL,
@@ -140,6 +150,7 @@ def task_env(
     job cannot override."""
     env = inherited_env(base)
     env.update(assignment.spec.env)
+    keep_fence_mark(env, os.environ if base is None else base)
     env.update(task_vars(assignment, artifacts, control_plane), PYTHONUNBUFFERED="1")
     # The reservation, for every vendor's runtime (a job cannot widen it).
     visible = ",".join(str(i) for i in assignment.gpu_indices)

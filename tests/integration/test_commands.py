@@ -140,7 +140,9 @@ def test_bad_input_is_refused_before_anything_is_stored(conn):
 
 
 def test_history_survives_a_control_plane_restart_and_running_jobs_finish(fresh_cluster):
-    c = fresh_cluster(workers=1)
+    # A restart shorter than lease - 2 x heartbeat (here 9 s) keeps running tasks; a
+    # longer outage stops them (docs/adr/0082-fencing.md).
+    c = fresh_cluster(workers=1, lease_seconds=10.0)
     with c.connection() as conn:
         done = gl.submit([PY, "-c", "print('before restart')"], connection=conn).wait(timeout=30)
         marker = Path(c.data_dir) / "go"

@@ -192,6 +192,8 @@ def _evil_bundles() -> dict[str, bytes]:
 def test_the_worker_refuses_malicious_bundles_and_writes_nothing_outside(fresh_cluster):
     c = fresh_cluster(workers=1, env={"GPULAYER_MAX_BUNDLE_BYTES": str(1024 * 1024)})
     tasks = c.data_dir / "workers" / "local-1" / "tasks"
+    # The worker keeps its credential once registered: let that settle first.
+    until(lambda: (tasks.parent / "credential.json").exists(), what="the worker's credential")
     before = files(c.data_dir)
     with c.connection() as conn:
         for case, data in _evil_bundles().items():

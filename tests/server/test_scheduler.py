@@ -14,7 +14,7 @@ from gpulayer.contracts import (
     TaskCompletion,
     WorkerRegistration,
 )
-from gpulayer.errors import InvalidTransition, NotFound
+from gpulayer.errors import InvalidTransition, NotFound, StaleAttempt
 from jupyter_ext.artifacts import BlobStore
 from jupyter_ext.auth import Principal, TokenService
 from jupyter_ext.control_plane import ControlPlane
@@ -173,10 +173,11 @@ def test_a_silent_worker_goes_unhealthy_then_offline_and_its_task_is_retried(wor
                 r1.worker_id, Heartbeat(running_tasks=[first.task_id])
             )
             assert hb.kill_tasks == [first.task_id]
-            # Its late completion does not change the job.
-            await sched.tasks.complete(
-                as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
-            )
+            # Its late completion is refused (a stale attempt) and does not change the job.
+            with pytest.raises(StaleAttempt):
+                await sched.tasks.complete(
+                    as_worker(r1), first.task_id, TaskCompletion(state="succeeded", exit_code=0)
+                )
             assert (await sched.jobs.get(job.id)).state == "running"
 
     run(body())
@@ -441,5 +442,70 @@ def test_a_task_given_up_by_a_stopping_worker_is_not_placed_there_again(world):
             assert j.state == "queued" and j.pending_reasons == ["leaving: offline"]
             other = await sched.workers.register(reg("other"))
             assert (await sched.workers.acquire(other.worker_id, 0)).assignments[0].job_id == job.id
+
+    run(body())
+
+
+def test_a_late_heartbeat_built_before_an_acquire_answer_loses_nothing(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.workers.register(reg("box"))
+            first = await sched.workers.acquire(r.worker_id, 0)  # nothing yet
+            assert first is None
+            job = await sched.jobs.submit(spec(), "u")
+            got = await sched.workers.acquire(r.worker_id, 0)
+            [a] = got.assignments
+            assert got.seq > 0
+            # A heartbeat the worker built before that answer reached it, delivered
+            # long after the old 2-heartbeat grace: the task keeps running.
+            clock.now += 5
+            late = Heartbeat(running_tasks=[], acquired_seq=got.seq - 1)
+            assert (await sched.workers.heartbeat(r.worker_id, late)).kill_tasks == []
+            assert (await sched.jobs.get(job.id)).state == "running"
+            # One built after it that does not list the task: the worker lost it.
+            gone = Heartbeat(running_tasks=[], acquired_seq=got.seq)
+            await sched.workers.heartbeat(r.worker_id, gone)
+            j = await sched.jobs.get(job.id)
+            assert j.state == "lost" and j.reason == "the worker no longer runs it"
+            assert [t.id for t in j.tasks] == [a.task_id]
+
+    run(body())
+
+
+def test_acquire_answers_are_numbered_upwards_even_when_the_clock_stands_still(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.workers.register(reg("box", slots=4))
+            seqs = []
+            for _ in range(3):
+                await sched.jobs.submit(spec(), "u")
+                seqs.append((await sched.workers.acquire(r.worker_id, 0)).seq)
+            assert seqs == sorted(set(seqs))
+
+    run(body())
+
+
+def test_with_the_default_timings_a_dead_workers_task_is_retried_within_15_seconds(tmp_path):
+    async def body():
+        clock = Clock()
+        store = await Store(tmp_path / "gl.db").open()
+        try:
+            tokens = TokenService(store, clock)
+            sched = ControlPlane(store, BlobStore(tmp_path / "b"), Notifier(), tokens, clock=clock)
+            r1 = await sched.workers.register(reg("one", slots=1))
+            job = await sched.jobs.submit(spec(retries=1), "u")
+            [a] = (await sched.workers.acquire(r1.worker_id, 0)).assignments
+            await sched.workers.heartbeat(r1.worker_id, Heartbeat(running_tasks=[a.task_id]))
+            died = clock.now  # right after its last heartbeat: the worst case
+            r2 = await sched.workers.register(reg("two", slots=1))
+            while (await sched.jobs.get(job.id)).attempts < 2:
+                assert clock.now - died <= 15, "the task was not retried within 15 s"
+                clock.now += 1.0  # the sweep's default period
+                await sched.workers.heartbeat(r2.worker_id, Heartbeat())  # only "two" lives
+                await sched.leases.sweep()
+            retried = await sched.jobs.get(job.id)
+            assert [t.worker_name for t in retried.tasks] == ["one", "two"]
+        finally:
+            await store.close()
 
     run(body())

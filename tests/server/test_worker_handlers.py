@@ -37,6 +37,16 @@ async def join(gl_api, name="box1", **kw):
     return reg
 
 
+async def rejoin(gl_api, reg, name="box1", **kw):
+    """A worker coming back (a restart): it registers again with its own token."""
+    status, again = await gl_api(
+        "workers", reg["worker_id"], "register", method="POST",
+        json_body=registration(name, **kw), token=reg["token"],
+    )  # fmt: skip
+    assert status == 200, again
+    return again
+
+
 async def test_register_gives_a_worker_token_that_only_acts_for_itself(gl_api):
     reg = await join(gl_api)
     assert reg["token"].startswith("gl_") and reg["heartbeat_seconds"] == 0.5

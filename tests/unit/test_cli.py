@@ -87,6 +87,22 @@ def test_a_bad_option_value_names_the_field(capsys: pytest.CaptureFixture[str]) 
     assert "resources.gpus" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--lease-seconds", "3"], "--lease-seconds (3) must be more than twice"),
+        (["--heartbeat-seconds", "7"], "--lease-seconds (12) must be more than twice"),
+        (["--heartbeat-seconds", "0"], "--heartbeat-seconds must be above 0"),
+    ],
+)
+def test_up_refuses_a_lease_a_worker_cannot_keep_before_starting_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], says: str
+) -> None:
+    assert cli.main(["up", "--data-dir", str(tmp_path / "up"), *flags]) == 2
+    assert says in one_error_line(capsys)
+    assert not (tmp_path / "up").exists()
+
+
 def test_submit_prints_only_the_job_id(capsys: pytest.CaptureFixture[str]) -> None:
     conn = mock({"POST jobs": [job()]})
     assert cli.main(["submit", "--", "python", "-c", "print(1)"], connection=conn) == 0

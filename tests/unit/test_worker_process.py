@@ -296,6 +296,13 @@ def test_no_gpus_means_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
     assert task_env(a, tmp_path, base={})["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_a_job_cannot_shed_or_forge_its_workers_fence_mark(tmp_path: Path) -> None:
+    spec = JobSpec(shell="true", env={"GPULAYER_FENCE": "forged"})
+    a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec)
+    assert task_env(a, tmp_path, base={"GPULAYER_FENCE": "f1"})["GPULAYER_FENCE"] == "f1"
+    assert "GPULAYER_FENCE" not in task_env(a, tmp_path, base={})
+
+
 def test_bundle_is_unpacked_as_the_cwd(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
