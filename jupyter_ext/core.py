@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpulayer.contracts import JobSpec, JobState
+from gpulayer.contracts import STORED, JobSpec, JobState
 from gpulayer.errors import NotFound
 
 from . import gangs
@@ -121,7 +121,7 @@ class Core:
     def _parsed(self, job: JobRecord) -> tuple[JobSpec, str]:
         cached = self._specs.get(job.id)
         if cached is None:
-            spec = JobSpec.model_validate_json(job.spec_json)
+            spec = JobSpec.model_validate_json(job.spec_json, context=STORED)
             cached = self._specs[job.id] = (spec, shape(spec.resources))
         return cached
 

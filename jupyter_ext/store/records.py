@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulayer.contracts import (
+    STORED,
     TERMINAL_STATES,
     Artifact,
     Event,
@@ -88,7 +89,7 @@ class JobRecord:
         """The job as a :class:`~gpulayer.contracts.Job` (``spec`` when already parsed)."""
         return Job(
             id=self.id,
-            spec=spec or JobSpec.model_validate_json(self.spec_json),
+            spec=spec or JobSpec.model_validate_json(self.spec_json, context=STORED),
             state=self.state,
             reason=self.reason,
             owner=self.owner,
