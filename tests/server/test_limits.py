@@ -42,4 +42,3 @@ async def test_selectors_are_capped(gl_api):
     selector = {f"k{i}": "v" for i in range(33)}
     status, err = await gl_api("jobs", method="POST", json_body=job(selector=selector))
     assert status == 400 and err["field"] == "resources.selector", err
-
