@@ -8,7 +8,6 @@ token or Jupyter identity, see ``auth.py``), body limits, parsing, the error map
 """
 
 import asyncio
-import json
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -25,7 +24,8 @@ from gpulayer.errors import AuthError, GpulayerError, PayloadTooLarge, RateLimit
 from ..auth import Principal, bearer_token
 from ..control_plane import ControlPlane
 from ..prometheus import StateCollector
-from .errors import error_body, status_of, validation_error
+from .bodies import decode_json
+from .errors import error_body, status_of
 
 AUTH_RESOURCE = "gpulayer"
 STARTUP_WAIT_SECONDS = 30.0
@@ -153,17 +153,8 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
     # ---------------------------------------------------------- parsing
 
     def parse(self, model: type[M]) -> M:
-        """The JSON body as ``model``, or a 400 naming the bad field."""
-        try:
-            data = json.loads(self.request.body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValidationError(f"request body is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ValidationError("request body must be a JSON object")
-        try:
-            return model.model_validate(data)
-        except pydantic.ValidationError as e:
-            raise validation_error(e) from e
+        """The JSON body as ``model``, or a 400 naming the bad field (``bodies.py``)."""
+        return decode_json(self.request.body, model)
 
     def float_arg(self, name: str, default: float, hi: float) -> float:
         """A numeric query argument in ``[0, hi]``."""

@@ -3,9 +3,15 @@ that would stall a backtracking engine, bodies nobody authenticated, a flood of 
 tokens, oversized heartbeats and quotas. Each test checks what a user notices: the
 server keeps answering, valid credentials keep working, memory stays flat."""
 
+import json
+import sqlite3
+
 import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpulayer import contracts
+from gpulayer.cluster import LocalCluster
 
 from ..support import until
 
@@ -36,3 +42,122 @@ def test_a_catastrophic_gpu_model_stalls_neither_health_nor_a_restart(fresh_clus
         assert http.get(api(c) + "health").status_code == 200
         waiting = conn.job(job.id)
         assert waiting.state == "queued" and "GPU match" in waiting.pending_reasons[0]
+
+
+# ------------------------------------------- fuzz: worker routes and poisoned shapes
+
+NOW = "2026-01-01T00:00:00Z"
+BIG = [2**63, 2**64, -(2**63) - 1, 10**30]
+#: (method, route, token kind, a valid body, {dotted field: kind of poison it takes});
+#: {wid}/{tid} are the hand-registered worker and its running task.
+WORKER_ROUTES = [
+    ("POST", "workers/register", "join",
+     {"name": "fz", "hostname": "h", "cpus": 2, "memory_bytes": 1024, "version": "t",
+      "devices": [{"index": 0, "kind": "cuda", "name": "A100", "memory_bytes": 1}]},
+     {"cpus": "int", "memory_bytes": "int", "devices.0.memory_bytes": "int",
+      "devices.0.index": "int", "name": "str", "hostname": "str", "devices.0.name": "str",
+      "slots": "int"}),
+    ("POST", "workers/{wid}/heartbeat", "worker",
+     {"running_tasks": ["{tid}"], "memory_used_bytes": 1,
+      "gpus": [{"index": 0, "memory_used_bytes": 1}],
+      "tasks": [{"task_id": "{tid}", "rss_bytes": 1, "processes": 1}]},
+     {"memory_used_bytes": "int", "gpus.0.memory_used_bytes": "int", "gpus.0.index": "int",
+      "tasks.0.rss_bytes": "int", "tasks.0.processes": "int", "tasks.0.task_id": "str",
+      "running_tasks.0": "str"}),
+    ("POST", "tasks/{tid}/logs", "worker",
+     {"seq": 0, "lines": [{"stream": "stdout", "ts": NOW, "text": "x", "rank": 0}]},
+     {"seq": "int", "lines.0.rank": "int", "lines.0.text": "str"}),
+    ("POST", "tasks/{tid}/metrics", "worker",
+     {"seq": 0, "points": [{"step": 1, "epoch": 0, "rank": 0, "ts": NOW, "metrics": {"l": 1}}]},
+     {"seq": "int", "points.0.step": "int", "points.0.epoch": "int", "points.0.rank": "int"}),
+    ("POST", "tasks/{tid}/complete", "worker", {"state": "failed", "exit_code": 1, "reason": "r"},
+     {"exit_code": "int", "reason": "str"}),
+    ("POST", "jobs", "admin", {"command": ["true"], "env": {"A": "b"}, "timeout": 5},
+     {"env.A": "str", "command.0": "str", "timeout": "duration", "priority": "int"}),
+    ("POST", "tokens", "admin", {"name": "fz", "role": "viewer", "expires": 60},
+     {"expires": "duration", "name": "str"}),
+]  # fmt: skip
+SURROGATE = "\ud800"
+
+
+def _poisoned(body: dict, path: str, poison: object) -> dict:
+    out = json.loads(json.dumps(body))
+    *parents, last = path.split(".")
+    node = out
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    if isinstance(node, list):
+        node[int(last)] = poison
+    else:
+        node[last] = poison
+    return out
+
+
+poisons = {
+    "int": st.sampled_from(BIG) | st.sampled_from(BIG).map(str),
+    "str": st.text(max_size=6).map(lambda s: s + SURROGATE),
+    "duration": st.sampled_from([float("inf"), float("nan"), 1e308, "1e308", "9" * 30 + "d"]),
+}
+worker_requests = st.sampled_from(WORKER_ROUTES).flatmap(
+    lambda r: st.tuples(
+        st.just(r),
+        st.sampled_from(sorted(r[4])).flatmap(lambda f: st.tuples(st.just(f), poisons[r[4][f]])),
+        st.sampled_from(["flat", "deep", "deep-key"]),
+    )
+)
+
+
+def test_worker_routes_refuse_poisoned_bodies_without_a_500_or_a_change(tmp_path):
+    args = ["--GpulayerApp.login_failures_allowed=0", "--GpulayerApp.long_poll_seconds=0.05"]
+    with LocalCluster(tmp_path / "fz", workers=0, server_args=args) as c:
+        _fuzz_worker_routes(c)
+
+
+def _fuzz_worker_routes(c) -> None:
+    base = api(c)
+    with httpx.Client(timeout=30) as http:
+        admin = {"Authorization": f"Bearer {c.admin_token}"}
+        join = {"Authorization": f"Bearer {c.join_token}"}
+        reg = http.post(base + "workers/register", headers=join,
+                        json=WORKER_ROUTES[0][3] | {"name": "box"}).json()  # fmt: skip
+        http.post(base + "jobs", headers=admin, json={"command": ["true"]})
+        wtok = {"Authorization": f"Bearer {reg['token']}"}
+        got = http.post(base + f"workers/{reg['worker_id']}/acquire", headers=wtok).json()
+        tid = got["assignments"][0]["task_id"]
+        tokens = {"join": join, "worker": wtok, "admin": admin}
+        db = c.data_dir / "gpulayer.db"
+        before = _snapshot(db)
+        seen: dict[int, int] = {}
+
+        @settings(max_examples=400, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(req=worker_requests)
+        def fuzz(req):
+            (method, route, who, body, _), (field, poison), shape = req
+            route = route.replace("{wid}", reg["worker_id"]).replace("{tid}", tid)
+            text = json.dumps(_poisoned(body, field, poison)).replace("{tid}", tid)
+            if shape == "deep":  # the poison, plus a field nested past the recursion limit
+                text = text[:-1] + ', "deep": ' + "[" * 5000 + "]" * 5000 + "}"
+            elif shape == "deep-key":
+                text = text[:-1] + ', "x": ' + '{"a": ' * 3000 + "1" + "}" * 3000 + "}"
+            resp = http.request(method, base + route, headers=tokens[who], content=text)
+            seen[resp.status_code] = seen.get(resp.status_code, 0) + 1
+            assert 400 <= resp.status_code < 500, (route, field, shape, resp.text[:300])
+            assert "Traceback" not in resp.text
+
+        fuzz()
+        assert _snapshot(db) == before
+        assert set(seen) <= {400, 413}, seen
+        # the worker and its task still work after all that
+        ok = http.post(base + f"tasks/{tid}/complete", headers=wtok,
+                       json={"state": "succeeded", "exit_code": 0})  # fmt: skip
+        assert ok.status_code == 200, ok.text
+
+
+def _snapshot(db) -> dict[str, list[tuple]]:
+    tables = ["jobs", "tasks", "events", "logs", "metrics", "artifacts", "workers", "tokens"]
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return {t: sorted(map(tuple, con.execute(f"SELECT * FROM {t}"))) for t in tables}
+    finally:
+        con.close()

@@ -42,3 +42,109 @@ async def test_selectors_are_capped(gl_api):
     selector = {f"k{i}": "v" for i in range(33)}
     status, err = await gl_api("jobs", method="POST", json_body=job(selector=selector))
     assert status == 400 and err["field"] == "resources.selector", err
+
+
+# ---------------------------------------------------- shapes that used to be 500s
+
+
+async def running_task(gl_api):
+    """A registered worker running one job's task: (worker id, worker token, task id)."""
+    reg = await join(gl_api)
+    await gl_api("jobs", method="POST", json_body={"command": ["true"]})
+    _, got = await gl_api("workers", reg["worker_id"], "acquire", method="POST", token=reg["token"])
+    return reg["worker_id"], reg["token"], got["assignments"][0]["task_id"]
+
+
+def snapshot(path):
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = ["jobs", "tasks", "events", "logs", "metrics", "workers", "tokens", "artifacts"]
+        return {t: sorted(map(tuple, con.execute(f"SELECT * FROM {t}"))) for t in tables}
+    finally:
+        con.close()
+
+
+async def test_deep_nesting_and_lone_surrogates_are_400(gl_api, gl_data_dir):
+    await gl_api("health")
+    before = snapshot(gl_data_dir / "gpulayer.db")
+    deep = b'{"command": ["true"], "env": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    status, err = await gl_api("jobs", method="POST", body=deep)
+    assert status == 400 and "nested too deeply" in err["message"], err
+    surrogate = b'{"command": ["true"], "env": {"A": "\\ud800"}}'
+    status, err = await gl_api("jobs", method="POST", body=surrogate)
+    assert status == 400 and err["field"] == "env.A" and "Unicode" in err["message"], err
+    key = b'{"command": ["true"], "env": {"\\udfff": "x"}}'
+    status, err = await gl_api("jobs", method="POST", body=key)
+    assert status == 400 and err["field"].startswith("env."), err
+    huge = b'{"command": ["true"], "priority": 1' + b"0" * 5000 + b"}"
+    status, err = await gl_api("jobs", method="POST", body=huge)
+    assert status == 400, err
+    assert snapshot(gl_data_dir / "gpulayer.db") == before
+
+
+async def test_token_expiry_must_be_a_finite_time_and_odd_stored_rows_stay_readable(
+    gl_api, gl_data_dir
+):
+    for expires in (b"Infinity", b"1e308", b"1e400", b'"99999999999999999d"', b"NaN"):
+        body = b'{"name": "t", "role": "viewer", "expires": ' + expires + b"}"
+        status, err = await gl_api("tokens", method="POST", body=body)
+        assert status == 400 and err["field"] == "expires", (expires, err)
+    status, made = await gl_api(
+        "tokens", method="POST", json_body={"name": "odd", "role": "viewer", "expires": "1d"}
+    )
+    assert status == 201
+    import sqlite3
+
+    # A row written by an older version, before expiries were bounded.
+    with sqlite3.connect(gl_data_dir / "gpulayer.db") as con:
+        con.execute("UPDATE tokens SET expires_at = 1e308 WHERE name = 'odd'")
+    status, listing = await gl_api("tokens")
+    assert status == 200, listing
+    [odd] = [t for t in listing["tokens"] if t["name"] == "odd"]
+    assert odd["state"] == "active" and odd["expires_at"].startswith("9999-")
+    status, _ = await gl_api("jobs", token=made["token"])
+    assert status == 200
+
+
+async def test_integers_beyond_64_bits_in_worker_routes_are_400_naming_the_field(
+    gl_api, gl_data_dir
+):
+    wid, tok, tid = await running_task(gl_api)
+    now = "2026-01-01T00:00:00Z"
+    big = 2**63
+    before = snapshot(gl_data_dir / "gpulayer.db")
+    cases = [
+        (("workers", wid, "heartbeat"), {"memory_used_bytes": big}, "memory_used_bytes"),
+        (("workers", wid, "heartbeat"), {"memory_used_bytes": str(big)}, "memory_used_bytes"),
+        (
+            ("workers", wid, "heartbeat"),
+            {"gpus": [{"index": 0, "memory_used_bytes": big}]},
+            "gpus.0.memory_used_bytes",
+        ),
+        (
+            ("tasks", tid, "metrics"),
+            {"seq": 0, "points": [{"step": big, "ts": now, "metrics": {"loss": 1.0}}]},
+            "points.0.step",
+        ),
+        (
+            ("tasks", tid, "logs"),
+            {"seq": 0, "lines": [{"stream": "stdout", "ts": now, "text": "x", "rank": big}]},
+            "lines.0.rank",
+        ),
+        (("tasks", tid, "logs"), {"seq": big, "lines": []}, "seq"),
+        (("tasks", tid, "complete"), {"state": "failed", "exit_code": big}, "exit_code"),
+        (("tasks", tid, "complete"), {"state": "failed", "exit_code": -big - 1}, "exit_code"),
+    ]
+    for parts, body, field in cases:
+        status, err = await gl_api(*parts, method="POST", json_body=body, token=tok)
+        assert status == 400 and err["field"] == field, (parts, body, err)
+    after = snapshot(gl_data_dir / "gpulayer.db")
+    # heartbeats refused: nothing stored, not even the heartbeat time
+    assert after == before
+    status, done = await gl_api(
+        "tasks", tid, "complete", method="POST", json_body={"state": "failed", "exit_code": 3},
+        token=tok,
+    )  # fmt: skip
+    assert status == 200 and done["exit_code"] == 3
