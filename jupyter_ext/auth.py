@@ -20,8 +20,9 @@ Roles (``requires`` always admits ``admin``):
 Revocation is immediate: the next request with the token is 401, and a long
 poll that is open when it is revoked (or expires) ends with 401 at once
 (:meth:`TokenService.until_invalid`). Failed logins are counted per client
-address (:class:`LoginLimiter`); over the limit, every token from that address
-is refused with 429 until the window has passed.
+address (:class:`LoginLimiter`); over the limit, further *bad* tokens from that
+address are answered 429 until the window has passed, while a valid token is
+always served (many users, and the local worker, may share one address).
 """
 
 import asyncio
@@ -73,8 +74,9 @@ class LoginLimiter:
     ----------
     failures
         Failed attempts allowed from one address within ``window_seconds``; the
-        next attempt (with any token, even a valid one) is refused until the
-        oldest failure leaves the window. ``0`` turns the limiter off.
+        next failed attempt is answered 429 rather than 401 until the oldest
+        failure leaves the window. A valid token is never refused (the check
+        runs only once a token turned out bad). ``0`` turns the limiter off.
     clock
         Monotonic seconds; tests inject their own.
     max_addresses
@@ -199,16 +201,16 @@ class TokenService:
         Raises
         ------
         RateLimited
-            When ``address`` failed too often recently (checked before the token).
+            For a bad token from an ``address`` that failed too often recently; a
+            valid token is served whatever its address did.
         AuthError
             For an unknown, revoked, used or expired token (counted against ``address``).
         """
-        if address is not None:
-            self.limiter.check(address)
         try:
             return await self._resolve(token)
         except AuthError:
             if address is not None:
+                self.limiter.check(address)
                 self.limiter.failed(address)
             raise
 

@@ -161,3 +161,23 @@ def _snapshot(db) -> dict[str, list[tuple]]:
         return {t: sorted(map(tuple, con.execute(f"SELECT * FROM {t}"))) for t in tables}
     finally:
         con.close()
+
+
+# ------------------------------------------------------------ failed-login limiting
+
+
+def test_a_flood_of_bad_tokens_locks_out_neither_the_admin_nor_a_running_job(fresh_cluster):
+    c = fresh_cluster(workers=1)  # the default limit: 10 failures a minute per address
+    with c.connection() as conn:
+        job = conn.submit(contracts.JobSpec(command=["sleep", "6"]))
+        until(lambda: conn.job(job.id).state == "running", what="the job to start")
+        statuses = []
+        with httpx.Client(timeout=PROMPT_SECONDS) as http:
+            for i in range(50):
+                bad = {"Authorization": f"Bearer gl_{i:043d}"}
+                statuses.append(http.get(api(c) + "jobs", headers=bad).status_code)
+        assert statuses[:10] == [401] * 10 and set(statuses[10:]) == {429}, statuses
+        assert [j.id for j in conn.jobs()] == [job.id]  # the admin token still works
+        done = until(lambda: (j := conn.job(job.id)).state.terminal and j, timeout=60)
+        assert done.state == "succeeded", done.reason  # the worker's heartbeats got through
+        assert conn.workers()[0].state == "ready"
