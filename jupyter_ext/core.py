@@ -45,6 +45,19 @@ class Settings:
     session_idle_seconds: float = 3600.0
 
 
+@dataclass(frozen=True)
+class Quotas:
+    """What the control plane keeps for one owner, job or worker at most (see
+    ``GpulayerApp`` for the traits and ``docs/security.md``, "Limits")."""
+
+    #: Jobs one owner may have ``queued`` at once; more are refused (429).
+    queued_jobs_per_owner: int = 10_000
+    #: Log text stored per job; later lines are dropped, with one marker line.
+    log_bytes_per_job: int = 64 * 1024 * 1024
+    #: JSON size of one worker's telemetry window in memory.
+    telemetry_bytes_per_worker: int = 4 * 1024 * 1024
+
+
 class Mailbox:
     """Cancels and interrupts not yet handed to their worker's acquire.
 
@@ -90,6 +103,7 @@ class Core:
         telemetry_samples: int = 360,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
+        quotas: Quotas = Quotas(),
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -97,7 +111,8 @@ class Core:
         self.settings = settings
         self.clock = clock
         self.instruments = instruments or Instruments()
-        self.fleet = Fleet(store, telemetry_samples)
+        self.quotas = quotas
+        self.fleet = Fleet(store, telemetry_samples, quotas.telemetry_bytes_per_worker)
         self.mailbox = Mailbox()
         # One placement or state change at a time.
         self.lock = asyncio.Lock()

@@ -42,6 +42,9 @@ class Limits:
     max_blob_bytes: int = 512 * 1024 * 1024
     max_log_batch_lines: int = 5000
     jupyter_user_role: str = "admin"
+    max_batch_bytes: int = 32 * 1024 * 1024
+    max_heartbeat_devices: int = 64
+    max_heartbeat_tasks: int = 256
 
 
 @dataclass(frozen=True)

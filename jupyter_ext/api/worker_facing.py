@@ -7,6 +7,8 @@ NAT can join. Every route here takes a bearer token: the join token for
 own worker, tasks and bundles).
 """
 
+from collections.abc import Sized
+
 import pydantic
 from jupyter_server.auth.decorator import allow_unauthenticated
 
@@ -14,9 +16,24 @@ from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion
 from gpulayer.errors import PayloadTooLarge, ValidationError
 
 from ..auth import requires
-from .base import GpulayerAPIHandler
+from .base import GpulayerAPIHandler, Limits
 
 _ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName)
+
+
+def _check_reported(limits: Limits, **reported: Sized) -> None:
+    """Refuse a registration or heartbeat listing more GPUs or tasks than the
+    traits allow (400 naming the list)."""
+    for field, items in reported.items():
+        devices = field in ("devices", "gpus")
+        most = limits.max_heartbeat_devices if devices else limits.max_heartbeat_tasks
+        if len(items) > most:
+            trait = "max_heartbeat_devices" if devices else "max_heartbeat_tasks"
+            raise ValidationError(
+                f"{field}: a worker reports at most {most} (c.GpulayerApp.{trait}),"
+                f" not {len(items)}",
+                field=field,
+            )
 
 
 class RegisterHandler(GpulayerAPIHandler):
@@ -27,6 +44,7 @@ class RegisterHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Admit the worker; answers its own token."""
         reg = self.parse(WorkerRegistration)
+        _check_reported(self.limits, devices=reg.devices, running_tasks=reg.running_tasks)
         await self.gl.tokens.use(self.who)  # a single-use join token is spent now
         self.reply(await self.gl.workers.register(reg))
 
@@ -39,6 +57,7 @@ class HeartbeatHandler(GpulayerAPIHandler):
     async def post(self, worker_id: str) -> None:
         """Renew leases; answer the tasks to kill."""
         hb = self.parse(Heartbeat)
+        _check_reported(self.limits, gpus=hb.gpus, tasks=hb.tasks, running_tasks=hb.running_tasks)
         self.reply(await self.gl.workers.heartbeat(worker_id, hb, self.who))
 
 
@@ -56,6 +75,11 @@ class AcquireHandler(GpulayerAPIHandler):
 
 class TaskLogsHandler(GpulayerAPIHandler):
     """``POST tasks/{id}/logs``: a batch of a task's lines."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A batch of long lines may pass the JSON limit."""
+        return self.limits.max_batch_bytes
 
     @allow_unauthenticated
     @requires("worker")

@@ -1,7 +1,7 @@
 """Limits on what clients and workers send, through a real Jupyter server with the
 extension: refused with a 4xx naming the field, nothing stored, no 500."""
 
-from .test_worker_handlers import join
+from .test_worker_handlers import join, registration
 
 EVIL_PATTERN = "(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)(.*)X"
 
@@ -148,3 +148,62 @@ async def test_integers_beyond_64_bits_in_worker_routes_are_400_naming_the_field
         token=tok,
     )  # fmt: skip
     assert status == 200 and done["exit_code"] == 3
+
+
+# ------------------------------------------------------- what workers may report
+
+
+async def test_worker_reports_are_capped_with_a_400_naming_the_list(gl_api):
+    gpu = {"index": 0, "kind": "cuda", "name": "A100", "memory_bytes": 1}
+    many = [{**gpu, "index": i} for i in range(65)]
+    status, err = await gl_api(
+        "workers", "register", method="POST", json_body=registration(devices=many), token="join"
+    )
+    assert status == 400 and err["field"] == "devices" and "max_heartbeat_devices" in err["message"]
+    status, err = await gl_api(
+        "workers", "register", method="POST", token="join",
+        json_body=registration(devices=[{**gpu, "name": "A" * 300}]),
+    )  # fmt: skip
+    assert status == 400 and err["field"] == "devices.0.name", err
+    status, err = await gl_api(
+        "workers", "register", method="POST", token="join",
+        json_body=registration(labels={f"k{i}": "v" for i in range(65)}),
+    )  # fmt: skip
+    assert status == 400 and err["field"] == "labels", err
+    assert (await gl_api("workers"))[1]["workers"] == []
+
+    reg = await join(gl_api)
+    beat = ("workers", reg["worker_id"], "heartbeat")
+    cases = [
+        ({"gpus": [{"index": i} for i in range(65)]}, "gpus"),
+        ({"tasks": [{"task_id": f"t{i}"} for i in range(257)]}, "tasks"),
+        ({"running_tasks": [f"t{i}" for i in range(257)]}, "running_tasks"),
+        ({"tasks": [{"task_id": "t" * 65}]}, "tasks.0.task_id"),
+    ]
+    for body, field in cases:
+        status, err = await gl_api(*beat, method="POST", json_body=body, token=reg["token"])
+        assert status == 400 and err["field"] == field, (field, err)
+    status, _ = await gl_api(*beat, method="POST", json_body={"gpus": [{"index": 0}]},
+                             token=reg["token"])  # fmt: skip
+    assert status == 200
+    _, workers = await gl_api("workers")
+    assert workers["workers"][0]["gpus"] == [{"index": 0, "utilization_percent": None,
+        "memory_used_bytes": None, "temperature_c": None, "power_w": None}]  # fmt: skip
+
+
+def test_the_telemetry_window_is_bounded_in_bytes_as_well_as_samples():
+    from gpulayer.contracts import Heartbeat
+    from jupyter_ext.fleet import Fleet
+
+    fleet = Fleet(None, telemetry_samples=360, telemetry_bytes=50_000)
+    busy = Heartbeat(tasks=[{"task_id": f"task-{i:04d}", "rss_bytes": i} for i in range(256)])
+    for i in range(50):
+        fleet.record("w", float(i), busy)
+    assert 0 < fleet.window_bytes("w") <= 50_000
+    kept = len(fleet.samples("w"))
+    assert 1 <= kept < 50
+    small = Fleet(None, telemetry_samples=3, telemetry_bytes=10**9)
+    for i in range(10):
+        small.record("w", float(i), Heartbeat(cpu_percent=float(i)))
+    assert [s.cpu_percent for s in small.samples("w")] == [7.0, 8.0, 9.0]
+    assert small.window_bytes("w") == sum(len(s.model_dump_json()) for s in small.samples("w"))
