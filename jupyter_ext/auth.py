@@ -373,6 +373,25 @@ def bearer_token(header: str | None) -> str | None:
     return None
 
 
+def admit(principal: Principal | None, allowed: frozenset[str], method: str, path: str) -> None:
+    """Refuse a request whose principal lacks every role in ``allowed``.
+
+    Raises
+    ------
+    AuthError
+        Without a principal.
+    Forbidden
+        For a principal of another role.
+    """
+    if principal is None:
+        raise AuthError(
+            "this route needs a gpulayer token (Authorization: Bearer gl_...)"
+            " or a logged-in Jupyter user"
+        )
+    if principal.role not in allowed:
+        raise Forbidden(f"role {principal.role!r} may not call {method} {path}")
+
+
 def requires(
     *roles: str,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
@@ -389,17 +408,7 @@ def requires(
     def decorator(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(method)
         async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            principal: Principal | None = self.principal
-            if principal is None:
-                raise AuthError(
-                    "this route needs a gpulayer token (Authorization: Bearer gl_...)"
-                    " or a logged-in Jupyter user"
-                )
-            if principal.role not in allowed:
-                raise Forbidden(
-                    f"role {principal.role!r} may not call {self.request.method}"
-                    f" {self.request.path}"
-                )
+            admit(self.principal, allowed, self.request.method, self.request.path)
             return await method(self, *args, **kwargs)
 
         # a marker the auth-coverage test reads; functions take attributes at run time

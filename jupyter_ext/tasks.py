@@ -22,6 +22,7 @@ from gpulayer.contracts import (
 from gpulayer.errors import Conflict, NotFound, ValidationError
 
 from . import access
+from .artifacts import BlobUpload
 from .auth import Principal
 from .core import Core
 from .placer import Placer
@@ -65,20 +66,28 @@ class Tasks:
         return LogAck(next_seq=n)
 
     async def add_artifact(
-        self, reporter: Principal | None, task_id: str, name: str, data: bytes
+        self, reporter: Principal | None, task_id: str, name: str, data: bytes | BlobUpload
     ) -> Artifact:
-        """Store a file a task produced under its job."""
+        """Store a file a task produced under its job (the upload is committed only
+        for a task ``reporter`` may report on)."""
         task = await self.reporting(reporter, task_id)
-        sha, size = await self._core.blobs.put(data)
+        sha, size = await self._store_blob(data)
         art = ArtifactRecord(task.job_id, name, sha, size, self._core.clock())
         await self._core.store.put_artifact(art)
         return art.model()
 
-    async def add_result(self, reporter: Principal | None, task_id: str, data: bytes) -> BlobRef:
+    async def add_result(
+        self, reporter: Principal | None, task_id: str, data: bytes | BlobUpload
+    ) -> BlobRef:
         """Keep a function task's large result as a blob (its completion names it)."""
         await self.open_task(reporter, task_id, "")
-        sha, size = await self._core.blobs.put(data)
+        sha, size = await self._store_blob(data)
         return BlobRef(sha256=sha, size=size)
+
+    async def _store_blob(self, data: bytes | BlobUpload) -> tuple[str, int]:
+        if isinstance(data, BlobUpload):
+            return await data.commit()
+        return await self._core.blobs.put(data)
 
     async def blob(self, reader: Principal | None, sha256: str) -> bytes:
         """A stored blob (a bundle, payload or pushed variables) for a worker's task."""

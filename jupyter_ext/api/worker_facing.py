@@ -95,6 +95,8 @@ class TaskLogsHandler(GpulayerAPIHandler):
 class TaskArtifactHandler(GpulayerAPIHandler):
     """``PUT tasks/{id}/artifacts/{name}``: a file the task wrote."""
 
+    upload = True
+
     @property
     def max_body_bytes(self) -> int:
         """Artifacts may be large."""
@@ -110,12 +112,14 @@ class TaskArtifactHandler(GpulayerAPIHandler):
             raise ValidationError(
                 f"artifact name {name!r} must be a relative path without '..'", field="name"
             ) from e
-        art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.request.body)
+        art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.uploaded)
         self.reply(art, 201)
 
 
 class TaskResultHandler(GpulayerAPIHandler):
     """``PUT tasks/{id}/result``: a function task's outcomes too large to send inline."""
+
+    upload = True
 
     @property
     def max_body_bytes(self) -> int:
@@ -126,7 +130,7 @@ class TaskResultHandler(GpulayerAPIHandler):
     @requires("worker")
     async def put(self, task_id: str) -> None:
         """Keep the body; the completion then names it as ``result_blob``."""
-        self.reply(await self.gl.tasks.add_result(self.who, task_id, self.request.body), 201)
+        self.reply(await self.gl.tasks.add_result(self.who, task_id, self.uploaded), 201)
 
 
 class TaskCompleteHandler(GpulayerAPIHandler):

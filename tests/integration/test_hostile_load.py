@@ -3,10 +3,14 @@ that would stall a backtracking engine, bodies nobody authenticated, a flood of 
 tokens, oversized heartbeats and quotas. Each test checks what a user notices: the
 server keeps answering, valid credentials keep working, memory stays flat."""
 
+import hashlib
 import json
+import socket
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -181,3 +185,67 @@ def test_a_flood_of_bad_tokens_locks_out_neither_the_admin_nor_a_running_job(fre
         done = until(lambda: (j := conn.job(job.id)).state.terminal and j, timeout=60)
         assert done.state == "succeeded", done.reason  # the worker's heartbeats got through
         assert conn.workers()[0].state == "ready"
+
+
+# ---------------------------------------------- bodies: refused unread, or streamed
+
+MIB = 1024 * 1024
+
+
+def rss_mib(c) -> float:
+    return psutil.Process(c.server_pid).memory_info().rss / MIB
+
+
+def declare_huge(c, path: str, length: int, token: str | None = None) -> tuple[int, int]:
+    """POST ``length`` declared bytes over a raw socket and keep sending until the server
+    stops taking them; returns (the answer's status, bytes the server let us send)."""
+    url = httpx.URL(c.url)
+    head = (f"POST {url.path}{contracts.API_PREFIX.lstrip('/')}/{path} HTTP/1.1\r\n"
+            f"Host: {url.host}:{url.port}\r\nContent-Length: {length}\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n")  # fmt: skip
+    chunk, sent = b"\0" * MIB, 0
+    with socket.create_connection((url.host, url.port), timeout=PROMPT_SECONDS) as sock:
+        sock.sendall(head.encode())
+        status = int(sock.recv(4096).split(b" ", 2)[1])  # answered before the body
+        try:
+            while sent < length:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # the server closed the connection: it reads no more
+            pass
+    return status, sent
+
+
+def test_bodies_are_refused_before_they_are_read_or_streamed_to_disk(fresh_cluster):
+    c = fresh_cluster(workers=0)
+    with c.connection() as conn:
+        conn.jobs()  # warm: every module the routes need is loaded
+    before = rss_mib(c)
+    declared = 400 * MIB
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda p: declare_huge(c, p, declared), ["blobs", "jobs"]))
+    for status, sent in answers:
+        assert status == 401 and sent < declared // 2, answers
+    # an authenticated body over a route's limit is refused unread too
+    status, sent = declare_huge(c, "jobs", declared, c.admin_token)
+    assert status == 413 and sent < declared // 2
+    assert rss_mib(c) - before < 100
+
+    # an authenticated 200 MiB bundle is streamed to the blob store, hashed on the way
+    size, digest = 200 * MIB, hashlib.sha256()
+    block = bytes(range(256)) * 4096  # 1 MiB
+    for _ in range(size // MIB):
+        digest.update(block)
+    headers = {"Authorization": f"Bearer {c.admin_token}"}
+    with httpx.Client(timeout=120) as http:
+        resp = http.post(api(c) + "blobs", headers=headers,
+                         content=(block for _ in range(size // MIB)))  # fmt: skip
+    assert resp.status_code == 201, resp.text
+    assert resp.json() == {"sha256": digest.hexdigest(), "size": size}
+    assert (
+        c.data_dir / "blobs" / digest.hexdigest()[:2] / digest.hexdigest()
+    ).stat().st_size == size
+    assert rss_mib(c) - before < 100
+    with httpx.Client(timeout=PROMPT_SECONDS) as http:
+        assert http.get(api(c) + "health").status_code == 200

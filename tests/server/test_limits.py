@@ -207,3 +207,39 @@ def test_the_telemetry_window_is_bounded_in_bytes_as_well_as_samples():
         small.record("w", float(i), Heartbeat(cpu_percent=float(i)))
     assert [s.cpu_percent for s in small.samples("w")] == [7.0, 8.0, 9.0]
     assert small.window_bytes("w") == sum(len(s.model_dump_json()) for s in small.samples("w"))
+
+
+# ------------------------------------------------------------------ uploads
+
+
+async def test_an_upload_whose_content_is_not_the_announced_sha256_is_400(gl_api, gl_data_dir):
+    import hashlib
+
+    data = b"bundle bytes" * 1000
+    good = hashlib.sha256(data).hexdigest()
+    status, ref = await gl_api("blobs", method="POST", body=data,
+                               headers={"X-Gpulayer-Sha256": good})  # fmt: skip
+    assert status == 201 and ref["sha256"] == good
+    status, err = await gl_api("blobs", method="POST", body=data + b"!",
+                               headers={"X-Gpulayer-Sha256": good})  # fmt: skip
+    assert status == 400 and err["field"] == "sha256" and good in err["message"], err
+    status, err = await gl_api("blobs", method="POST", body=data,
+                               headers={"X-Gpulayer-Sha256": "nope"})  # fmt: skip
+    assert status == 400 and err["field"] == "sha256", err
+    blobs = gl_data_dir / "blobs"
+    assert list((blobs / "tmp").iterdir()) == []  # refused uploads leave no file
+    assert [p.name for p in blobs.glob("??/*")] == [good]
+
+
+async def test_uploads_are_refused_by_role_and_size_before_they_are_stored(gl_api, gl_data_dir):
+    status, viewer = await gl_api(
+        "tokens", method="POST", json_body={"name": "v", "role": "viewer"}
+    )
+    status, err = await gl_api("blobs", method="POST", body=b"x" * 1000, token=viewer["token"])
+    assert status == 403, err
+    status, err = await gl_api("blobs", method="POST", body=b"x" * (1024 * 1024 + 1))
+    assert status == 413 and "at most 1048576" in err["message"], err
+    status, err = await gl_api("blobs", method="POST", body=b"x" * 1000, token="gl_" + "q" * 43)
+    assert status == 401, err
+    blobs = gl_data_dir / "blobs"
+    assert list((blobs / "tmp").iterdir()) == [] and not list(blobs.glob("??/*"))
