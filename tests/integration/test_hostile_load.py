@@ -249,3 +249,26 @@ def test_bodies_are_refused_before_they_are_read_or_streamed_to_disk(fresh_clust
     assert rss_mib(c) - before < 100
     with httpx.Client(timeout=PROMPT_SECONDS) as http:
         assert http.get(api(c) + "health").status_code == 200
+
+
+def test_a_200k_entry_heartbeat_is_400_and_leaves_memory_and_listings_small(fresh_cluster):
+    c = fresh_cluster(workers=0)
+    base = api(c)
+    with httpx.Client(timeout=60) as http:
+        join = {"Authorization": f"Bearer {c.join_token}"}
+        body = {"name": "big", "hostname": "h", "cpus": 2, "memory_bytes": 1, "version": "t"}
+        reg = http.post(base + "workers/register", headers=join, json=body).json()
+        worker = {"Authorization": f"Bearer {reg['token']}"}
+        beat = base + f"workers/{reg['worker_id']}/heartbeat"
+        assert http.post(beat, headers=worker, json={"gpus": [{"index": 0}]}).status_code == 200
+        before = rss_mib(c)
+        for _ in range(3):
+            huge = {"gpus": [{"index": i % 8, "memory_used_bytes": i} for i in range(200_000)]}
+            resp = http.post(beat, headers=worker, json=huge)
+            assert resp.status_code == 400 and resp.json()["field"] == "gpus", resp.text[:300]
+        assert rss_mib(c) - before < 100  # the parse is transient; nothing is kept
+        listing = http.get(base + "workers", headers={"Authorization": f"Bearer {c.admin_token}"})
+        assert len(listing.content) < 16 * 1024
+        assert listing.json()["workers"][0]["gpus"] == [
+            {"index": 0, "utilization_percent": None, "memory_used_bytes": None,
+             "temperature_c": None, "power_w": None}]  # fmt: skip
