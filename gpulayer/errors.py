@@ -15,6 +15,7 @@ the client turns the body back into the same class::
     ├── Conflict               the request does not fit the state      (409)
     │   └── InvalidTransition  e.g. cancel a job that already ended
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
+    ├── QuotaExceeded          an owner's quota is used up             (429)
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
     │       └── CertificateMismatch  its TLS certificate is not the pinned one
@@ -101,6 +102,13 @@ class PayloadTooLarge(GpulayerError):
     """A body, bundle or artifact is over its configured limit."""
 
     code = "too_large"
+
+
+class QuotaExceeded(GpulayerError):
+    """An owner's quota (e.g. queued jobs) is used up; the message names the limit
+    and the ``c.GpulayerApp`` trait that sets it."""
+
+    code = "quota_exceeded"
 
 
 class ApiError(GpulayerError):
@@ -226,6 +234,7 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         Conflict,
         InvalidTransition,
         PayloadTooLarge,
+        QuotaExceeded,
     )
 }
 

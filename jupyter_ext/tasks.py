@@ -60,7 +60,12 @@ class Tasks:
         """Store a worker's log batch (lines it already sent are ignored)."""
         task = await self.open_task(reporter, task_id, "logs")
         lines = [(e.stream.value, e.ts.timestamp(), e.text, e.rank) for e in batch.lines]
-        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines)
+        most = self._core.quotas.log_bytes_per_job
+        over = (
+            f"gpulayer: this job's log reached its limit of {most} bytes"
+            " (c.GpulayerApp.max_log_bytes_per_job); later lines are dropped"
+        )
+        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
         self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
         self._core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)

@@ -16,6 +16,7 @@ from gpulayer.errors import (
     InvalidTransition,
     NotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     RateLimited,
     ValidationError,
 )
@@ -29,6 +30,7 @@ STATUS: dict[type[GpulayerError], int] = {
     Conflict: 409,
     InvalidTransition: 409,
     PayloadTooLarge: 413,
+    QuotaExceeded: 429,
 }
 _CODE_BY_STATUS = {
     400: "invalid",
