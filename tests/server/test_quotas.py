@@ -28,7 +28,7 @@ async def test_an_owner_may_have_only_so_many_jobs_queued(gl_api):
     assert "at most 3" in err["message"] and "max_queued_jobs_per_owner" in err["message"]
     # another owner has its own quota
     _, ada = await gl_api("tokens", method="POST", json_body={"name": "ada", "role": "submitter"})
-    status, theirs = await gl_api("jobs", method="POST", json_body=UNPLACEABLE, token=ada["token"])
+    status, _ = await gl_api("jobs", method="POST", json_body=UNPLACEABLE, token=ada["token"])
     assert status == 201
     # a batch is all or nothing
     status, err = await gl_api(
