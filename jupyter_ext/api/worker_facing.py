@@ -45,12 +45,6 @@ class RegisterHandler(GpulayerAPIHandler):
         """Admit the worker; answers its own token."""
         reg = self.parse(WorkerRegistration)
         _check_reported(self.limits, devices=reg.devices, running_tasks=reg.running_tasks)
-        if reg.slots > self.limits.max_heartbeat_tasks:  # its heartbeats could not list them
-            raise ValidationError(
-                f"slots: at most {self.limits.max_heartbeat_tasks}"
-                " (c.GpulayerApp.max_heartbeat_tasks)",
-                field="slots",
-            )
         await self.gl.tokens.use(self.who)  # a single-use join token is spent now
         self.reply(await self.gl.workers.register(reg))
 

@@ -170,10 +170,6 @@ async def test_worker_reports_are_capped_with_a_400_naming_the_list(gl_api):
         json_body=registration(labels={f"k{i}": "v" for i in range(65)}),
     )  # fmt: skip
     assert status == 400 and err["field"] == "labels", err
-    status, err = await gl_api(
-        "workers", "register", method="POST", json_body=registration(slots=257), token="join"
-    )
-    assert status == 400 and err["field"] == "slots", err
     assert (await gl_api("workers"))[1]["workers"] == []
 
     reg = await join(gl_api)
