@@ -155,12 +155,13 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
                     f"request body is {declared} bytes; this route takes at most"
                     f" {self.max_body_bytes}"
                 )
+            expected = self._announced_sha256()
         except (GpulayerError, web.HTTPError) as e:
             if declared is not None and declared > DRAIN_BYTES:
                 raise
             self._refuse_after_body(e)
             return
-        self._expect_body()
+        self._expect_body(expected)
 
     async def _authenticate(self) -> None:
         token = bearer_token(self.request.headers.get("Authorization"))
@@ -206,17 +207,18 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             # Bodies without a Content-Length (chunked) are cut off at the limit too.
             self.request.connection.set_max_body_size(most)  # type: ignore[attr-defined]  # HTTP1Connection's
 
-    def _expect_body(self) -> None:
+    def _announced_sha256(self) -> str | None:
+        expected = self.request.headers.get(SHA256_HEADER) if self.upload else None
+        if expected is not None and not _SHA256.fullmatch(expected):
+            raise ValidationError(f"{SHA256_HEADER} must be a sha256 hex digest", field="sha256")
+        return expected
+
+    def _expect_body(self, expected_sha256: str | None) -> None:
         """Get ready to receive the body: into memory, or into a blob upload."""
         most = self.max_body_bytes
         self._set_body_limit(most)
         if self.upload:
-            expected = self.request.headers.get(SHA256_HEADER)
-            if expected is not None and not _SHA256.fullmatch(expected):
-                raise ValidationError(
-                    f"{SHA256_HEADER} must be a sha256 hex digest", field="sha256"
-                )
-            self._upload = self.gl.blobs.upload(most, expected)
+            self._upload = self.gl.blobs.upload(most, expected_sha256)
         else:
             self._buffer = bytearray()
 
