@@ -16,6 +16,7 @@ the client turns the body back into the same class::
     │   ├── InvalidTransition  e.g. cancel a job that already ended
     │   └── StaleAttempt       a report for a task its job no longer runs
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
+    ├── QuotaExceeded          an owner's quota is used up             (429)
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
     │       └── CertificateMismatch  its TLS certificate is not the pinned one
@@ -110,6 +111,13 @@ class PayloadTooLarge(GpulayerError):
     """A body, bundle or artifact is over its configured limit."""
 
     code = "too_large"
+
+
+class QuotaExceeded(GpulayerError):
+    """An owner's quota (e.g. queued jobs) is used up; the message names the limit
+    and the ``c.GpulayerApp`` trait that sets it."""
+
+    code = "quota_exceeded"
 
 
 class ApiError(GpulayerError):
@@ -236,6 +244,7 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         InvalidTransition,
         PayloadTooLarge,
         StaleAttempt,
+        QuotaExceeded,
     )
 }
 

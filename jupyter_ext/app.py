@@ -31,6 +31,7 @@ from .api.base import AppState, GpulayerAPIHandler, Limits, Running
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .control_plane import ControlPlane
+from .core import Quotas
 from .store import Store
 from .streams import Notifier
 
@@ -114,6 +115,26 @@ class GpulayerApp(ExtensionApp):
         " 'jupyter:<OS user>' at the first start. A hub or another identity"
         " provider that names people gives each user its own name instead.",
     ).tag(config=True)
+    max_batch_bytes = Int(
+        32 * 1024 * 1024, help="Largest log or metric batch body a worker may send."
+    ).tag(config=True)
+    max_heartbeat_devices = Int(
+        64, help="Most GPUs a worker may report in a registration or heartbeat."
+    ).tag(config=True)
+    max_heartbeat_tasks = Int(
+        256, help="Most tasks a worker may report in a registration or heartbeat."
+    ).tag(config=True)
+    telemetry_window_bytes = Int(
+        4 * 1024 * 1024,
+        help="Most telemetry kept in memory per worker (the JSON size of its samples).",
+    ).tag(config=True)
+    max_queued_jobs_per_owner = Int(
+        10_000, help="Jobs one owner may have queued at once; more are refused (429)."
+    ).tag(config=True)
+    max_log_bytes_per_job = Int(
+        64 * 1024 * 1024,
+        help="Log text stored per job; later lines are dropped and one line says so.",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -138,6 +159,9 @@ class GpulayerApp(ExtensionApp):
             max_blob_bytes=self.max_blob_bytes,
             max_log_batch_lines=self.max_log_batch_lines,
             jupyter_user_role=self.jupyter_user_role,
+            max_batch_bytes=self.max_batch_bytes,
+            max_heartbeat_devices=self.max_heartbeat_devices,
+            max_heartbeat_tasks=self.max_heartbeat_tasks,
         )
         self._state = AppState(limits=limits)
         self._background: list[asyncio.Task[None]] = []
@@ -172,6 +196,11 @@ class GpulayerApp(ExtensionApp):
             lease_seconds=self.lease_seconds,
             instruments=instruments,
             session_idle_seconds=self.session_idle_seconds,
+            quotas=Quotas(
+                queued_jobs_per_owner=self.max_queued_jobs_per_owner,
+                log_bytes_per_job=self.max_log_bytes_per_job,
+                telemetry_bytes_per_worker=self.telemetry_window_bytes,
+            ),
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)

@@ -24,8 +24,9 @@ whatever the owner's role, revoked in the transaction that ends the task.
 Revocation is immediate: the next request with the token is 401, and a long
 poll that is open when it is revoked (or expires) ends with 401 at once
 (:meth:`TokenService.until_invalid`). Failed logins are counted per client
-address (:class:`LoginLimiter`); over the limit, every token from that address
-is refused with 429 until the window has passed.
+address (:class:`LoginLimiter`); over the limit, further *bad* tokens from that
+address are answered 429 until the window has passed, while a valid token is
+always served (many users, and the local worker, may share one address).
 """
 
 import asyncio
@@ -78,8 +79,9 @@ class LoginLimiter:
     ----------
     failures
         Failed attempts allowed from one address within ``window_seconds``; the
-        next attempt (with any token, even a valid one) is refused until the
-        oldest failure leaves the window. ``0`` turns the limiter off.
+        next failed attempt is answered 429 rather than 401 until the oldest
+        failure leaves the window. A valid token is never refused (the check
+        runs only once a token turned out bad). ``0`` turns the limiter off.
     clock
         Monotonic seconds; tests inject their own.
     max_addresses
@@ -230,16 +232,16 @@ class TokenService:
         Raises
         ------
         RateLimited
-            When ``address`` failed too often recently (checked before the token).
+            For a bad token from an ``address`` that failed too often recently; a
+            valid token is served whatever its address did.
         AuthError
             For an unknown, revoked, used or expired token (counted against ``address``).
         """
-        if address is not None:
-            self.limiter.check(address)
         try:
             return await self._resolve(token)
         except AuthError:
             if address is not None:
+                self.limiter.check(address)
                 self.limiter.failed(address)
             raise
 
@@ -403,6 +405,25 @@ def bearer_token(header: str | None) -> str | None:
     return None
 
 
+def admit(principal: Principal | None, allowed: frozenset[str], method: str, path: str) -> None:
+    """Refuse a request whose principal lacks every role in ``allowed``.
+
+    Raises
+    ------
+    AuthError
+        Without a principal.
+    Forbidden
+        For a principal of another role.
+    """
+    if principal is None:
+        raise AuthError(
+            "this route needs a gpulayer token (Authorization: Bearer gl_...)"
+            " or a logged-in Jupyter user"
+        )
+    if principal.role not in allowed:
+        raise Forbidden(f"role {principal.role!r} may not call {method} {path}")
+
+
 def requires(
     *roles: str,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
@@ -419,17 +440,7 @@ def requires(
     def decorator(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(method)
         async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            principal: Principal | None = self.principal
-            if principal is None:
-                raise AuthError(
-                    "this route needs a gpulayer token (Authorization: Bearer gl_...)"
-                    " or a logged-in Jupyter user"
-                )
-            if principal.role not in allowed:
-                raise Forbidden(
-                    f"role {principal.role!r} may not call {self.request.method}"
-                    f" {self.request.path}"
-                )
+            admit(self.principal, allowed, self.request.method, self.request.path)
             return await method(self, *args, **kwargs)
 
         # a marker the auth-coverage test reads; functions take attributes at run time

@@ -19,7 +19,7 @@ from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 
 from .artifacts import BlobStore
 from .auth import TokenService
-from .core import Core, Settings
+from .core import Core, Quotas, Settings
 from .jobs import Jobs
 from .leases import Leases
 from .placer import Placer
@@ -49,6 +49,7 @@ class ControlPlane:
         session_idle_seconds: float = 3600.0,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         settings = Settings(heartbeat_seconds, lease_seconds, aging_seconds, session_idle_seconds)
         self.core = core = Core(
@@ -59,6 +60,7 @@ class ControlPlane:
             telemetry_samples=telemetry_samples,
             clock=clock,
             instruments=instruments,
+            quotas=quotas or Quotas(),
         )
         self.store, self.blobs, self.notifier, self.tokens = store, blobs, notifier, tokens
         self.sessions = Sessions(core)

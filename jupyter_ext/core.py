@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from gpulayer.contracts import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LEASE_SECONDS,
+    STORED,
     JobSpec,
     JobState,
 )
@@ -48,6 +49,19 @@ class Settings:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     aging_seconds: float = 300.0
     session_idle_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """What the control plane keeps for one owner, job or worker at most (see
+    ``GpulayerApp`` for the traits and ``docs/security.md``, "Limits")."""
+
+    #: Jobs one owner may have ``queued`` at once; more are refused (429).
+    queued_jobs_per_owner: int = 10_000
+    #: Log text stored per job; later lines are dropped, with one marker line.
+    log_bytes_per_job: int = 64 * 1024 * 1024
+    #: JSON size of one worker's telemetry window in memory.
+    telemetry_bytes_per_worker: int = 4 * 1024 * 1024
 
 
 class Mailbox:
@@ -95,6 +109,7 @@ class Core:
         telemetry_samples: int = 900,
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
+        quotas: Quotas = Quotas(),
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -102,7 +117,8 @@ class Core:
         self.settings = settings
         self.clock = clock
         self.instruments = instruments or Instruments()
-        self.fleet = Fleet(store, telemetry_samples)
+        self.quotas = quotas
+        self.fleet = Fleet(store, telemetry_samples, quotas.telemetry_bytes_per_worker)
         self.mailbox = Mailbox()
         # One placement or state change at a time.
         self.lock = asyncio.Lock()
@@ -126,7 +142,7 @@ class Core:
     def _parsed(self, job: JobRecord) -> tuple[JobSpec, str]:
         cached = self._specs.get(job.id)
         if cached is None:
-            spec = JobSpec.model_validate_json(job.spec_json)
+            spec = JobSpec.model_validate_json(job.spec_json, context=STORED)
             cached = self._specs[job.id] = (spec, shape(spec.resources))
         return cached
 

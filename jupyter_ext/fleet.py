@@ -18,12 +18,16 @@ from .store import Store, WorkerRecord, as_datetime
 class Fleet:
     """Parsed worker views and telemetry windows, on top of the store."""
 
-    def __init__(self, store: Store, telemetry_samples: int = 900) -> None:
+    def __init__(
+        self, store: Store, telemetry_samples: int = 900, telemetry_bytes: int = 4 * 1024 * 1024
+    ) -> None:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
-        self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
+        self._telemetry: dict[str, deque[tuple[TelemetrySample, int]]] = defaultdict(
             lambda: deque(maxlen=telemetry_samples)
         )
+        self._telemetry_bytes = telemetry_bytes
+        self._window_bytes: dict[str, int] = defaultdict(int)
 
     async def views(self) -> list[WorkerView]:
         """Every worker, parsed, with its current state."""
@@ -54,16 +58,31 @@ class Fleet:
         self._telemetry.pop(worker_id, None)
 
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
-        """Keep one heartbeat's readings."""
-        self._telemetry[worker_id].append(
-            TelemetrySample(
-                ts=as_datetime(ts),
-                cpu_percent=hb.cpu_percent,
-                memory_used_bytes=hb.memory_used_bytes,
-                gpus=hb.gpus,
-                tasks=hb.tasks,
-            )
+        """Keep one heartbeat's readings; the oldest go once the window holds more
+        than ``telemetry_samples`` samples or ``telemetry_bytes`` (their JSON size)."""
+        sample = TelemetrySample(
+            ts=as_datetime(ts),
+            cpu_percent=hb.cpu_percent,
+            memory_used_bytes=hb.memory_used_bytes,
+            gpus=hb.gpus,
+            tasks=hb.tasks,
         )
+        size = len(sample.model_dump_json())
+        window = self._telemetry[worker_id]
+        if len(window) == window.maxlen and window:
+            self._window_bytes[worker_id] -= window[0][1]  # append() drops it
+        window.append((sample, size))
+        self._window_bytes[worker_id] += size
+        while len(window) > 1 and self._window_bytes[worker_id] > self._telemetry_bytes:
+            self._window_bytes[worker_id] -= window.popleft()[1]
+
+    def samples(self, worker_id: str) -> list[TelemetrySample]:
+        """A worker's telemetry window, oldest first."""
+        return [sample for sample, _ in self._telemetry.get(worker_id, ())]
+
+    def window_bytes(self, worker_id: str) -> int:
+        """The JSON size of a worker's telemetry window."""
+        return self._window_bytes.get(worker_id, 0)
 
     async def workers(self) -> list[Worker]:
         """Every worker with its running tasks and its latest readings."""
@@ -74,7 +93,7 @@ class Fleet:
         for r in await self.store.list_workers():
             w = r.model(running[r.id])
             if samples := self._telemetry.get(r.id):
-                w.gpus, w.tasks = samples[-1].gpus, samples[-1].tasks
+                w.gpus, w.tasks = samples[-1][0].gpus, samples[-1][0].tasks
             out.append(w)
         return out
 
@@ -87,8 +106,7 @@ class Fleet:
             For an unknown worker.
         """
         row = await self.store.find_worker(name)
-        samples = list(self._telemetry.get(row.id, ()))
-        return Telemetry(worker_id=row.id, worker_name=row.name, samples=samples)
+        return Telemetry(worker_id=row.id, worker_name=row.name, samples=self.samples(row.id))
 
     async def get(self, worker_id: str) -> WorkerRecord:
         """A registered worker by id.

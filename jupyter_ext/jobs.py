@@ -29,7 +29,7 @@ from gpulayer.contracts import (
     LogPage,
     Placement,
 )
-from gpulayer.errors import InvalidTransition, NotFound, ValidationError
+from gpulayer.errors import InvalidTransition, NotFound, QuotaExceeded, ValidationError
 
 from . import access, gangs
 from .auth import Principal
@@ -70,6 +70,7 @@ class Jobs:
     ) -> list[Job]:
         """Queue several jobs in one transaction (all or none), then place what fits."""
         core = self._core
+        await self._check_queue_quota(owner, len(specs))
         await self._sessions.check_cells(specs, viewer)
         for spec in specs:
             await self._check_blobs(spec, viewer)
@@ -97,6 +98,17 @@ class Jobs:
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
         """Record that ``uploader`` stored blob ``sha256`` (so its jobs may name it)."""
         await self._core.store.add_blob_owner(sha256, uploader.name, self._core.clock())
+
+    async def _check_queue_quota(self, owner: str, more: int) -> None:
+        """Refuse jobs that would take ``owner`` past its queued-jobs quota."""
+        most = self._core.quotas.queued_jobs_per_owner
+        queued = await self._core.store.count_jobs([JobState.queued], owner)
+        if queued + more > most:
+            raise QuotaExceeded(
+                f"{owner!r} has {queued} queued jobs; at most {most} may wait at once"
+                " (c.GpulayerApp.max_queued_jobs_per_owner); wait for some to start or"
+                " cancel them"
+            )
 
     async def _check_blobs(self, spec: JobSpec, viewer: Principal | None) -> None:
         """Refuse a spec whose bundle, payload or pushed variables were not uploaded,

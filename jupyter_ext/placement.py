@@ -12,10 +12,8 @@ A reason names the job that holds a busy GPU only when its reader may see that
 job (``label``): a submitter reads "GPU 0 busy" for another owner's job.
 """
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from gpulayer.contracts import (
     Device,
@@ -26,6 +24,7 @@ from gpulayer.contracts import (
     WorkerFit,
     WorkerState,
     compute_capability_tuple,
+    gpu_model_matcher,
 )
 
 from .store import Hold, WorkerRecord
@@ -94,9 +93,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-@lru_cache(maxsize=1024)
-def _model_re(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern, re.IGNORECASE)
+def _model_matches(pattern: str, name: str) -> bool:
+    """``gpu_model`` against a GPU name (linear time, compiled once per pattern); a
+    stored pattern the engine no longer compiles matches nothing."""
+    try:
+        return gpu_model_matcher(pattern)(name)
+    except ValueError:
+        return False
 
 
 def gpu_matches(res: Resources, d: Device) -> bool:
@@ -105,7 +108,7 @@ def gpu_matches(res: Resources, d: Device) -> bool:
         return False
     if res.gpu_memory is not None and d.memory_bytes < res.gpu_memory:
         return False
-    if res.gpu_model is not None and not _model_re(res.gpu_model).search(d.name):
+    if res.gpu_model is not None and not _model_matches(res.gpu_model, d.name):
         return False
     if res.gpu_memory_kind is not None and d.memory_kind != res.gpu_memory_kind:
         return False

@@ -28,6 +28,7 @@ from gpulayer.contracts import (
 from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
 
 from . import access
+from .artifacts import BlobUpload
 from .auth import Principal
 from .core import Core
 from .placer import Placer
@@ -72,28 +73,40 @@ class Tasks:
         """Store a worker's log batch (lines it already sent are ignored)."""
         task = await self.open_task(reporter, task_id, "logs")
         lines = [(e.stream.value, e.ts.timestamp(), e.text, e.rank) for e in batch.lines]
-        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines)
+        most = self._core.quotas.log_bytes_per_job
+        over = (
+            f"gpulayer: this job's log reached its limit of {most} bytes"
+            " (c.GpulayerApp.max_log_bytes_per_job); later lines are dropped"
+        )
+        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
         self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
         self._core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
 
     async def add_artifact(
-        self, reporter: Principal | None, task_id: str, name: str, data: bytes
+        self, reporter: Principal | None, task_id: str, name: str, data: bytes | BlobUpload
     ) -> Artifact:
         """Store a file a task produced under its job (:class:`StaleAttempt` for a
         superseded attempt, :class:`Conflict` once the task ended: nothing is added to
         a job after its end)."""
         task = await self.open_task(reporter, task_id, "artifacts")
-        sha, size = await self._core.blobs.put(data)
+        sha, size = await self._store_blob(data)
         art = ArtifactRecord(task.job_id, name, sha, size, self._core.clock())
         await self._core.store.put_artifact(art)
         return art.model()
 
-    async def add_result(self, reporter: Principal | None, task_id: str, data: bytes) -> BlobRef:
+    async def add_result(
+        self, reporter: Principal | None, task_id: str, data: bytes | BlobUpload
+    ) -> BlobRef:
         """Keep a function task's large result as a blob (its completion names it)."""
         await self.open_task(reporter, task_id, "")
-        sha, size = await self._core.blobs.put(data)
+        sha, size = await self._store_blob(data)
         return BlobRef(sha256=sha, size=size)
+
+    async def _store_blob(self, data: bytes | BlobUpload) -> tuple[str, int]:
+        if isinstance(data, BlobUpload):
+            return await data.commit()
+        return await self._core.blobs.put(data)
 
     async def blob(self, reader: Principal | None, sha256: str) -> bytes:
         """A stored blob (a bundle, payload or pushed variables) for a worker's task."""

@@ -191,6 +191,11 @@ class LocalCluster:
         return list(self._workers)
 
     @property
+    def server_pid(self) -> int | None:
+        """The control plane's process id (None while it is not running)."""
+        return None if self._server is None else self._server.pid
+
+    @property
     def log_dir(self) -> Path:
         """Where the subprocesses' output goes."""
         return self.data_dir / "logs"

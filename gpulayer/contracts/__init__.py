@@ -56,7 +56,13 @@ from .jobs import (
 )
 from .logs import FRAGMENT, KernelMessage, LogAck, LogBatch, LogEntry, LogLine, LogPage, LogStream
 from .placement import Placement, WorkerFit
-from .resources import PROFILES, Resources, compute_capability_tuple
+from .resources import (
+    PROFILES,
+    STORED,
+    Resources,
+    compute_capability_tuple,
+    gpu_model_matcher,
+)
 from .server import ErrorBody, Health
 from .sessions import CreateSession, Session, SessionList
 from .tasks import Acquired, Assignment, Gang, TaskCompletion
@@ -94,6 +100,7 @@ __all__ = [
     "FRAGMENT",
     "INLINE_BYTES",
     "PROFILES",
+    "STORED",
     "TERMINAL_STATES",
     "Accelerator",
     "Acquired",
@@ -164,6 +171,7 @@ __all__ = [
     "WorkerState",
     "compute_capability_tuple",
     "format_duration",
+    "gpu_model_matcher",
     "parse_duration",
     "plain_text",
 ]

@@ -1,5 +1,6 @@
 """What every contract module shares: the version, durations, base models, field types."""
 
+import math
 import re
 from typing import Annotated, Final, Literal
 
@@ -10,6 +11,8 @@ API_PREFIX: Final = "/gpulayer/api/v1"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+MAX_DURATION_SECONDS: Final = 100 * 365.25 * 86400.0
+"""Longest duration any field takes (100 years): later times cannot be stored or shown."""
 
 
 def parse_duration(value: object) -> float:
@@ -33,6 +36,8 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     if seconds <= 0:
         raise ValueError("a duration must be positive")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_SECONDS:
+        raise ValueError("a duration must be at most 100 years")
     return seconds
 
 

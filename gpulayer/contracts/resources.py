@@ -1,9 +1,18 @@
 """What a task needs from a worker: :class:`Resources` and the named profiles."""
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import ByteSize, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    ByteSize,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .base import Accelerator, LabelKey, LabelValue, Name, RequestModel
 
@@ -19,6 +28,43 @@ PROFILES: dict[str, dict[str, object]] = {
 
 
 _CC = re.compile(r"^\d+(\.\d+)?$")
+
+GPU_MODEL_MAX_LENGTH = 200
+"""Longest ``gpu_model`` pattern."""
+
+MAX_SELECTOR_LABELS = 32
+"""Most labels one ``selector`` may ask for."""
+
+STORED = {"stored": True}
+"""Validation context for specs read back from the store: a pattern stored by an
+older version that the pattern engine no longer compiles still parses (it then
+matches no GPU) rather than making the job unreadable."""
+
+
+@functools.lru_cache(maxsize=1024)
+def gpu_model_matcher(pattern: str) -> Callable[[str], bool]:
+    """A case-insensitive search for ``pattern`` in a GPU name, compiled once.
+
+    The engine is RE2 (docs/adr/0077): matching takes time linear in the name
+    whatever the pattern, so no pattern can stall the placement pass. RE2 has
+    no backreferences or lookarounds.
+
+    Raises
+    ------
+    ValueError
+        For a pattern RE2 cannot compile, with its reason.
+    """
+    import re2  # imported when a pattern is first used, so `import gpulayer` stays light
+
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    try:
+        compiled = re2.compile(pattern, options)
+    except re2.error as e:
+        why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else e
+        raise ValueError(f"{pattern!r} is not a supported regular expression: {why}") from None
+    return lambda name: compiled.search(name) is not None
 
 
 def compute_capability_tuple(value: str) -> tuple[int, int]:
@@ -40,9 +86,9 @@ class Resources(RequestModel):
     gpu_memory: ByteSize | None = Field(
         default=None, description="memory of each GPU, e.g. '40GiB'"
     )
-    gpu_model: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
-        default=None, description="regular expression on the GPU name, e.g. 'A100|H100'"
-    )
+    gpu_model: (
+        Annotated[str, StringConstraints(min_length=1, max_length=GPU_MODEL_MAX_LENGTH)] | None
+    ) = Field(default=None, description="regular expression on the GPU name, e.g. 'A100|H100'")
     accelerator: Accelerator | None = None
     min_compute_capability: str | None = Field(
         default=None, description="CUDA compute capability, '8.0'"
@@ -50,7 +96,7 @@ class Resources(RequestModel):
     gpu_memory_kind: Literal["dedicated", "unified"] | None = None
     cpus: float = Field(default=1.0, gt=0, le=1024, description="CPU cores (used for placement)")
     memory: ByteSize | None = Field(default=None, description="host memory, e.g. '8GiB'")
-    selector: dict[LabelKey, LabelValue] = {}
+    selector: dict[LabelKey, LabelValue] = Field(default={}, max_length=MAX_SELECTOR_LABELS)
     worker: Name | None = Field(default=None, description="run only on the worker with this name")
 
     @model_validator(mode="before")
@@ -65,12 +111,9 @@ class Resources(RequestModel):
 
     @field_validator("gpu_model")
     @classmethod
-    def _regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"{v!r} is not a regular expression: {e}") from e
+    def _regex(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not (info.context or {}).get("stored"):
+            gpu_model_matcher(v)
         return v
 
     @field_validator("min_compute_capability", mode="before")

@@ -17,6 +17,16 @@ from .base import (
     plain_text,
 )
 
+#: Ceilings of what a worker may report in one registration or heartbeat; the control
+#: plane's traits (``max_heartbeat_devices``, ``max_heartbeat_tasks``) set the limits
+#: in force, at most these.
+MAX_DEVICES = 1024
+MAX_TASKS = 4096
+MAX_LABELS = 64
+
+TaskId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+ShortText = Annotated[str, StringConstraints(max_length=64)]
+
 #: How often workers heartbeat, unless the control plane says otherwise.
 DEFAULT_HEARTBEAT_SECONDS = 2.0
 #: How long a running task's lease lasts without a heartbeat that renews it.
@@ -36,15 +46,17 @@ class WorkerState(enum.StrEnum):
 class Device(RequestModel):
     """One accelerator of a worker."""
 
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, lt=MAX_DEVICES)
     kind: Accelerator
-    name: str
+    name: Annotated[str, StringConstraints(max_length=256)]
     memory_bytes: int = Field(default=0, ge=0)
     memory_kind: Literal["dedicated", "unified"] = "dedicated"
-    uuid: str | None = None
-    compute_capability: str | None = None
-    driver_version: str | None = None
-    runtime_version: str | None = Field(default=None, description="CUDA or ROCm version")
+    uuid: Annotated[str, StringConstraints(max_length=128)] | None = None
+    compute_capability: (
+        Annotated[str, StringConstraints(max_length=16, pattern=r"^\d+(\.\d+)?$")] | None
+    ) = None
+    driver_version: ShortText | None = None
+    runtime_version: ShortText | None = Field(default=None, description="CUDA or ROCm version")
     simulated: bool = False
 
 
@@ -61,7 +73,7 @@ class GpuSample(RequestModel):
 class TaskSample(RequestModel):
     """A running task's process tree at a heartbeat."""
 
-    task_id: str
+    task_id: TaskId
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     processes: int = 0
@@ -72,18 +84,20 @@ class WorkerRegistration(RequestModel):
 
     api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
     name: Name
-    hostname: str
+    hostname: Annotated[str, StringConstraints(max_length=255)]
     cpus: int = Field(ge=1)
     memory_bytes: int = Field(ge=0)
-    devices: list[Device] = []
-    labels: dict[LabelKey, LabelValue] = {}
+    devices: list[Device] = Field(default=[], max_length=MAX_DEVICES)
+    labels: dict[LabelKey, LabelValue] = Field(default={}, max_length=MAX_LABELS)
     slots: int = Field(default=4, ge=1, le=1024, description="tasks it runs at once")
-    version: str
+    version: ShortText
     python: Annotated[str, StringConstraints(max_length=32)] = Field(
         default="", description="major.minor of the Python its function runners use"
     )
-    running_tasks: list[str] = Field(
-        default=[], description="task ids still running here (after a reconnect)"
+    running_tasks: list[TaskId] = Field(
+        default=[],
+        max_length=MAX_TASKS,
+        description="task ids still running here (after a reconnect)",
     )
     address: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
         default=None, description="host or IP other workers reach this one at (gang rendezvous)"
@@ -130,11 +144,11 @@ class Registered(DocumentModel):
 class Heartbeat(RequestModel):
     """Sent every ``heartbeat_seconds``; renews the leases of running tasks."""
 
-    running_tasks: list[str] = []
+    running_tasks: list[TaskId] = Field(default=[], max_length=MAX_TASKS)
     cpu_percent: float | None = None
     memory_used_bytes: int | None = None
-    gpus: list[GpuSample] = []
-    tasks: list[TaskSample] = []
+    gpus: list[GpuSample] = Field(default=[], max_length=MAX_DEVICES)
+    tasks: list[TaskSample] = Field(default=[], max_length=MAX_TASKS)
     acquired_seq: int | None = Field(
         default=None,
         ge=0,

@@ -1,9 +1,11 @@
 """The worker's link to the control plane: HTTP, retries, re-registration, bundles.
 
 The agent only ever calls out (docs/api.md, "Worker protocol"). The control plane
-may restart at any time: every request retries transport errors and 5xx answers
-with capped exponential backoff, forever, so a finished task's logs and
-completion wait in memory until the server is back. A 401 (or a 404 on a
+may restart at any time: every request retries transport errors, 5xx answers and
+429 (too many requests) with capped exponential backoff, forever, waiting at least
+what a ``Retry-After`` header asks (up to :data:`RETRY_AFTER_CAP_SECONDS`), so a
+finished task's logs and completion wait in memory until the server takes them
+and running tasks carry on meanwhile. A 401 (or a 404 on a
 ``workers/{id}`` route) means the server forgot this worker: :class:`Uplink`
 registers again under the same name, listing its running tasks, and carries on.
 Registering again takes the worker's own credential
@@ -11,9 +13,11 @@ Registering again takes the worker's own credential
 """
 
 import asyncio
+import email.utils
 import hashlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START_SECONDS = 0.2
 BACKOFF_CAP_SECONDS = 2.0
+#: The longest ``Retry-After`` honoured (a lease outlives it; a longer ask is capped).
+RETRY_AFTER_CAP_SECONDS = 30.0
 
 Content = bytes | Callable[[], AsyncIterator[bytes]]
 #: Answers to a registration with the worker's own credential that mean it is no
@@ -222,6 +228,7 @@ class Uplink:
         all_headers = {"Authorization": f"Bearer {token}", **(headers or {})}
         delay, warned = BACKOFF_START_SECONDS, False
         while True:
+            asked = 0.0
             try:
                 resp = await self._http.request(
                     method,
@@ -239,7 +246,7 @@ class Uplink:
                     raise
                 problem = f"{type(e).__name__}: {e}"
             else:
-                if resp.status_code < 500:
+                if resp.status_code < 500 and resp.status_code != 429:
                     if self._outage_since is not None:
                         outage = asyncio.get_running_loop().time() - self._outage_since
                         log.info("control plane is back after %.1fs", outage)
@@ -248,11 +255,12 @@ class Uplink:
                 if not retry:
                     return resp
                 problem = f"HTTP {resp.status_code}"
+                asked = retry_after(resp)
             if not warned and self._outage_since is None:
                 log.warning("control plane unavailable (%s); retrying until it is back", problem)
                 self._outage_since = asyncio.get_running_loop().time()
             warned = True
-            await asyncio.sleep(delay)
+            await asyncio.sleep(max(delay, asked))
             delay = min(delay * 2, BACKOFF_CAP_SECONDS)
 
     # --------------------------------------------------------------- blobs
@@ -279,6 +287,22 @@ class Uplink:
                 raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle")
             await asyncio.to_thread(_write_atomically, path, data)
             return data
+
+
+def retry_after(resp: httpx.Response) -> float:
+    """Seconds a ``Retry-After`` header asks to wait (seconds or an HTTP date), at
+    most :data:`RETRY_AFTER_CAP_SECONDS`; 0 without a readable one."""
+    value = resp.headers.get("Retry-After", "").strip()
+    if not value:
+        return 0.0
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP_SECONDS)
 
 
 def describe(resp: httpx.Response) -> str:

@@ -5,10 +5,17 @@ of the :class:`~jupyter_ext.control_plane.ControlPlane` with the request's
 principal, write the answer model. The base class owns authentication (bearer
 token or Jupyter identity, see ``auth.py``), body limits, parsing, the error map
 (``errors.py``), and the cancellation of long polls when the client goes away.
+
+Bodies are streamed (tornado's ``stream_request_body``): ``prepare`` runs when the
+headers have arrived, before any body byte is read, and refuses a request that has
+no principal, has the wrong role or declares a body over the route's limit; only
+then is the body read, into memory up to ``max_body_bytes`` for JSON routes, or
+into a :class:`~jupyter_ext.artifacts.BlobUpload` (a temporary file, hashed as it
+arrives) for the routes that take a blob (``upload = True``). docs/adr/0076.
 """
 
 import asyncio
-import json
+import re
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -23,13 +30,17 @@ from tornado import web
 
 from gpulayer.errors import AuthError, GpulayerError, PayloadTooLarge, RateLimited, ValidationError
 
-from ..auth import Principal, bearer_token
+from ..artifacts import BlobUpload
+from ..auth import Principal, admit, bearer_token
 from ..control_plane import ControlPlane
 from ..prometheus import StateCollector
-from .errors import error_body, status_of, validation_error
+from .bodies import decode_json
+from .errors import error_body, status_of
 
 AUTH_RESOURCE = "gpulayer"
 STARTUP_WAIT_SECONDS = 30.0
+#: A refused request's body up to this size is read (and dropped) before the answer.
+DRAIN_BYTES = 1024 * 1024
 M = TypeVar("M", bound=pydantic.BaseModel)
 T = TypeVar("T")
 
@@ -43,6 +54,9 @@ class Limits:
     max_blob_bytes: int = 512 * 1024 * 1024
     max_log_batch_lines: int = 5000
     jupyter_user_role: str = "admin"
+    max_batch_bytes: int = 32 * 1024 * 1024
+    max_heartbeat_devices: int = 64
+    max_heartbeat_tasks: int = 256
 
 
 @dataclass(frozen=True)
@@ -79,12 +93,22 @@ def jupyter_owner(provider: object, username: str, anonymous_owner: str) -> str:
     return anonymous_owner if type(provider) in _NAMELESS_PROVIDERS else username
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: Header with which an uploader announces the sha256 of what it sends.
+SHA256_HEADER = "X-Gpulayer-Sha256"
+
+
+@web.stream_request_body
 class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
     """Base of every gpulayer route."""
 
     auth_resource = AUTH_RESOURCE
     principal: Principal | None = None
+    #: True for routes whose body is a blob (streamed to a file, not held in memory).
+    upload = False
     _wait_task: asyncio.Task[Any] | None = None
+    _buffer: bytearray | None = None
+    _upload: BlobUpload | None = None
 
     @property
     def state(self) -> AppState:
@@ -124,14 +148,38 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         return self.limits.max_body_bytes
 
     async def prepare(self) -> None:  # type: ignore[override]  # jupyter_server's prepare may return an awaitable or None
-        """Resolve the principal before Jupyter's checks (a bearer token skips XSRF)."""
-        self._check_length()
+        """Resolve the principal before Jupyter's checks (a bearer token skips XSRF),
+        then refuse, before the body is read, what the verb would refuse anyway.
+
+        A refused request whose declared body is small (at most
+        :data:`DRAIN_BYTES`) is answered once its body has been read and dropped,
+        so the client reads the answer rather than a reset connection; a larger
+        one is answered at once and its connection closed unread.
+        """
         state = self.state
         if not state.ready.is_set():
             try:
                 await asyncio.wait_for(state.ready.wait(), STARTUP_WAIT_SECONDS)
             except TimeoutError as e:
                 raise web.HTTPError(503, "gpulayer is still starting") from e
+        declared = self._declared_length()
+        try:
+            await self._authenticate()
+            self._admit()
+            if declared is not None and declared > self.max_body_bytes:
+                raise PayloadTooLarge(
+                    f"request body is {declared} bytes; this route takes at most"
+                    f" {self.max_body_bytes}"
+                )
+            expected = self._announced_sha256()
+        except (GpulayerError, web.HTTPError) as e:
+            if declared is not None and declared > DRAIN_BYTES:
+                raise
+            self._refuse_after_body(e)
+            return
+        self._expect_body(expected)
+
+    async def _authenticate(self) -> None:
         token = bearer_token(self.request.headers.get("Authorization"))
         if token is not None:
             self.principal = await self.gl.tokens.resolve(token, self.request.remote_ip)
@@ -143,16 +191,83 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
             and user is not None
             and self.authorizer.is_authorized(self, user, self._action(), AUTH_RESOURCE)
         ):
-            name = jupyter_owner(self.identity_provider, user.username, state.anonymous_owner)
-            self.principal = Principal(name=name, role=state.limits.jupyter_user_role)
+            name = jupyter_owner(self.identity_provider, user.username, self.state.anonymous_owner)
+            self.principal = Principal(name=name, role=self.limits.jupyter_user_role)
 
-    def _check_length(self) -> None:
+    def _admit(self) -> None:
+        """The verb's role check (``requires``), now rather than after the body."""
+        verb = getattr(self, (self.request.method or "").lower(), None)
+        allowed = getattr(verb, "__gpulayer_roles__", None)
+        if allowed is not None:
+            admit(self.principal, allowed, self.request.method or "", self.request.path)
+
+    def _declared_length(self) -> int | None:
         length = self.request.headers.get("Content-Length")
-        body_len = int(length) if length and length.isdigit() else len(self.request.body or b"")
-        if body_len > self.max_body_bytes:
-            raise PayloadTooLarge(
-                f"request body is {body_len} bytes; this route takes at most {self.max_body_bytes}"
-            )
+        if length is None:
+            return None
+        if not length.strip().isdigit():
+            raise ValidationError("Content-Length must be a number of bytes")
+        return int(length)
+
+    def _refuse_after_body(self, error: Exception) -> None:
+        """Answer ``error`` once the (small) body has arrived and been dropped: the
+        verb tornado calls then is one that raises it."""
+
+        async def refuse(*args: Any, **kwargs: Any) -> None:
+            raise error
+
+        self._set_body_limit(DRAIN_BYTES)
+        setattr(self, (self.request.method or "get").lower(), refuse)
+
+    def _set_body_limit(self, most: int) -> None:
+        if self.request.connection is not None:
+            # Bodies without a Content-Length (chunked) are cut off at the limit too.
+            self.request.connection.set_max_body_size(most)  # type: ignore[attr-defined]  # HTTP1Connection's
+
+    def _announced_sha256(self) -> str | None:
+        expected = self.request.headers.get(SHA256_HEADER) if self.upload else None
+        if expected is not None and not _SHA256.fullmatch(expected):
+            raise ValidationError(f"{SHA256_HEADER} must be a sha256 hex digest", field="sha256")
+        return expected
+
+    def _expect_body(self, expected_sha256: str | None) -> None:
+        """Get ready to receive the body: into memory, or into a blob upload."""
+        most = self.max_body_bytes
+        self._set_body_limit(most)
+        if self.upload:
+            self._upload = self.gl.blobs.upload(most, expected_sha256)
+        else:
+            self._buffer = bytearray()
+
+    async def data_received(self, chunk: bytes) -> None:
+        """A piece of the body: to the upload's file, or to memory (bounded by the
+        limit ``prepare`` set on the connection)."""
+        if self._finished:
+            return
+        if self._upload is not None:
+            await self._upload.write(chunk)
+        elif self._buffer is not None:
+            if len(self._buffer) + len(chunk) > self.max_body_bytes:
+                raise PayloadTooLarge(f"request body is over {self.max_body_bytes} bytes")
+            self._buffer += chunk
+
+    @property
+    def body(self) -> bytes:
+        """The request body of a JSON route (empty for none)."""
+        return bytes(self._buffer or b"")
+
+    @property
+    def uploaded(self) -> BlobUpload:
+        """The blob a route with ``upload = True`` received (the service commits it)."""
+        if self._upload is None:
+            raise ValidationError("this request carries no upload")
+        return self._upload
+
+    def on_finish(self) -> None:
+        """Drop an upload that was not committed (refused, failed)."""
+        if self._upload is not None:
+            self._upload.discard()
+        super().on_finish()
 
     def _action(self) -> str:
         return "read" if self.request.method in ("GET", "HEAD") else "write"
@@ -170,17 +285,8 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
     # ---------------------------------------------------------- parsing
 
     def parse(self, model: type[M]) -> M:
-        """The JSON body as ``model``, or a 400 naming the bad field."""
-        try:
-            data = json.loads(self.request.body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValidationError(f"request body is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ValidationError("request body must be a JSON object")
-        try:
-            return model.model_validate(data)
-        except pydantic.ValidationError as e:
-            raise validation_error(e) from e
+        """The JSON body as ``model``, or a 400 naming the bad field (``bodies.py``)."""
+        return decode_json(self.body, model)
 
     def float_arg(self, name: str, default: float, hi: float) -> float:
         """A numeric query argument in ``[0, hi]``."""
@@ -272,9 +378,11 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
         raise AuthError(guard.result())
 
     def on_connection_close(self) -> None:
-        """Stop waiting for a client that went away."""
+        """Stop waiting for a client that went away; drop its unfinished upload."""
         if self._wait_task is not None:
             self._wait_task.cancel()
+        if self._upload is not None:
+            self._upload.discard()
         super().on_connection_close()
 
     # ----------------------------------------------------------- errors

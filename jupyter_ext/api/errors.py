@@ -16,6 +16,7 @@ from gpulayer.errors import (
     InvalidTransition,
     NotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     RateLimited,
     ValidationError,
 )
@@ -29,6 +30,7 @@ STATUS: dict[type[GpulayerError], int] = {
     Conflict: 409,
     InvalidTransition: 409,
     PayloadTooLarge: 413,
+    QuotaExceeded: 429,
 }
 _CODE_BY_STATUS = {
     400: "invalid",
@@ -53,13 +55,20 @@ def status_of(err: GpulayerError) -> int:
 def error_body(exc: BaseException | None, status: int, reason: str) -> ErrorBody:
     """The ``ErrorBody`` of an exception a handler raised (or of a bare status)."""
     if isinstance(exc, GpulayerError):
-        return ErrorBody(code=exc.code, message=exc.message, field=exc.field)
+        field = None if exc.field is None else printable(exc.field)
+        return ErrorBody(code=exc.code, message=printable(exc.message), field=field)
     if isinstance(exc, web.HTTPError):
         return ErrorBody(
             code=_CODE_BY_STATUS.get(status, "error"),
             message=exc.log_message or exc.reason or reason,
         )
     return ErrorBody(code="internal", message="internal error; see the server log")
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped: an error that echoes bad input must
+    still serialize."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def validation_error(e: pydantic.ValidationError, prefix: str = "") -> ValidationError:

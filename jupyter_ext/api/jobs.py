@@ -198,6 +198,8 @@ class JobPlacementHandler(GpulayerAPIHandler):
 class BlobsHandler(GpulayerAPIHandler):
     """``POST blobs``: upload bytes (a source bundle); answers its sha256."""
 
+    upload = True
+
     @property
     def max_body_bytes(self) -> int:
         """Blobs may be as large as an artifact."""
@@ -207,7 +209,7 @@ class BlobsHandler(GpulayerAPIHandler):
     @requires("submitter")
     async def post(self) -> None:
         """Store the body by content."""
-        sha, size = await self.gl.blobs.put(self.request.body)
+        sha, size = await self.uploaded.commit()
         await self.gl.jobs.uploaded(sha, self.who)
         self.created(BlobRef(sha256=sha, size=size), sha)
 

@@ -14,6 +14,11 @@ _MAX_POINTS = 10000
 class TaskMetricsHandler(GpulayerAPIHandler):
     """``POST tasks/{id}/metrics``: a batch of a task's metric points (worker token)."""
 
+    @property
+    def max_body_bytes(self) -> int:
+        """Batches have their own limit."""
+        return self.limits.max_batch_bytes
+
     @allow_unauthenticated
     @requires("worker")
     async def post(self, task_id: str) -> None:

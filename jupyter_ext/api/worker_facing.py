@@ -8,6 +8,8 @@ NAT can join. Every route here takes a bearer token: the join token for
 worker, tasks and bundles).
 """
 
+from collections.abc import Sized
+
 import pydantic
 from jupyter_server.auth.decorator import allow_unauthenticated
 
@@ -15,9 +17,24 @@ from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion
 from gpulayer.errors import PayloadTooLarge, ValidationError
 
 from ..auth import bearer_token, requires
-from .base import GpulayerAPIHandler
+from .base import GpulayerAPIHandler, Limits
 
 _ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName)
+
+
+def _check_reported(limits: Limits, **reported: Sized) -> None:
+    """Refuse a registration or heartbeat listing more GPUs or tasks than the
+    traits allow (400 naming the list)."""
+    for field, items in reported.items():
+        devices = field in ("devices", "gpus")
+        most = limits.max_heartbeat_devices if devices else limits.max_heartbeat_tasks
+        if len(items) > most:
+            trait = "max_heartbeat_devices" if devices else "max_heartbeat_tasks"
+            raise ValidationError(
+                f"{field}: a worker reports at most {most} (c.GpulayerApp.{trait}),"
+                f" not {len(items)}",
+                field=field,
+            )
 
 
 class RegisterHandler(GpulayerAPIHandler):
@@ -28,6 +45,7 @@ class RegisterHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Admit the worker; answers its own token."""
         reg = self.parse(WorkerRegistration)
+        _check_reported(self.limits, devices=reg.devices, running_tasks=reg.running_tasks)
         await self.gl.tokens.use(self.who)  # a single-use join token is spent now
         self.reply(await self.gl.workers.register(reg, self.who))
 
@@ -55,6 +73,7 @@ class HeartbeatHandler(GpulayerAPIHandler):
     async def post(self, worker_id: str) -> None:
         """Renew leases; answer the tasks to kill."""
         hb = self.parse(Heartbeat)
+        _check_reported(self.limits, gpus=hb.gpus, tasks=hb.tasks, running_tasks=hb.running_tasks)
         self.reply(await self.gl.workers.heartbeat(worker_id, hb, self.who))
 
 
@@ -73,6 +92,11 @@ class AcquireHandler(GpulayerAPIHandler):
 class TaskLogsHandler(GpulayerAPIHandler):
     """``POST tasks/{id}/logs``: a batch of a task's lines."""
 
+    @property
+    def max_body_bytes(self) -> int:
+        """A batch of long lines may pass the JSON limit."""
+        return self.limits.max_batch_bytes
+
     @allow_unauthenticated
     @requires("worker")
     async def post(self, task_id: str) -> None:
@@ -86,6 +110,8 @@ class TaskLogsHandler(GpulayerAPIHandler):
 
 class TaskArtifactHandler(GpulayerAPIHandler):
     """``PUT tasks/{id}/artifacts/{name}``: a file the task wrote."""
+
+    upload = True
 
     @property
     def max_body_bytes(self) -> int:
@@ -101,12 +127,14 @@ class TaskArtifactHandler(GpulayerAPIHandler):
         except pydantic.ValidationError as e:
             why = e.errors()[0]["msg"].removeprefix("Value error, ")
             raise ValidationError(f"artifact name {name!r}: {why}", field="name") from e
-        art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.request.body)
+        art = await self.gl.tasks.add_artifact(self.who, task_id, name, self.uploaded)
         self.reply(art, 201)
 
 
 class TaskResultHandler(GpulayerAPIHandler):
     """``PUT tasks/{id}/result``: a function task's outcomes too large to send inline."""
+
+    upload = True
 
     @property
     def max_body_bytes(self) -> int:
@@ -117,7 +145,7 @@ class TaskResultHandler(GpulayerAPIHandler):
     @requires("worker")
     async def put(self, task_id: str) -> None:
         """Keep the body; the completion then names it as ``result_blob``."""
-        self.reply(await self.gl.tasks.add_result(self.who, task_id, self.request.body), 201)
+        self.reply(await self.gl.tasks.add_result(self.who, task_id, self.uploaded), 201)
 
 
 class TaskCompleteHandler(GpulayerAPIHandler):

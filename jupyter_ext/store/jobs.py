@@ -71,10 +71,14 @@ class JobQueries(Database):
         """Whether some job waits for placement (one index lookup)."""
         return await self._one("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1") is not None
 
-    async def count_jobs(self, states: Sequence[JobState]) -> int:
-        """How many jobs are in any of ``states``."""
+    async def count_jobs(self, states: Sequence[JobState], owner: str | None = None) -> int:
+        """How many jobs (of ``owner``, when given) are in any of ``states``."""
         sql = f"SELECT COUNT(*) FROM jobs WHERE state IN ({marks(states)})"
-        row = await self._one(sql, [s.value for s in states])
+        args: list[str] = [s.value for s in states]
+        if owner is not None:
+            sql += " AND owner = ?"
+            args.append(owner)
+        row = await self._one(sql, args)
         return int(row[0]) if row else 0
 
     async def active_kernel_jobs(self) -> list[JobRecord]:

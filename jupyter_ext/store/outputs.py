@@ -18,36 +18,50 @@ class OutputQueries(Database):
     """The ``logs`` and ``metrics`` tables: what tasks output."""
 
     async def append_logs(
-        self, task_id: str, job_id: str, first_seq: int, lines: Sequence[tuple[Any, ...]]
+        self,
+        task_id: str,
+        job_id: str,
+        first_seq: int,
+        lines: Sequence[tuple[Any, ...]],
+        max_bytes: int | None = None,
+        over: str = "",
     ) -> int:
         """Store the lines of a batch the task does not have yet.
 
         ``lines`` are ``(stream, ts, text)`` or ``(stream, ts, text, rank)``; the first
-        is line ``first_seq`` of the task. Returns the task's new line count.
+        is line ``first_seq`` of the task. Returns the task's new line count (lines
+        dropped by the quota count as taken). With ``max_bytes``, a job keeps at
+        most that much log text (UTF-8): the line that would pass it and every later
+        one are dropped, and one ``system`` line ``over`` is stored in their place.
         """
 
         def run(conn: sqlite3.Connection) -> int:
             with transaction(conn):
                 trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
-                jrow = conn.execute("SELECT log_count FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                jrow = conn.execute(
+                    "SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,)
+                ).fetchone()
                 assert trow is not None and jrow is not None
-                have, offset = int(trow[0]), int(jrow[0])
+                have, offset, used = int(trow[0]), int(jrow[0]), int(jrow[1])
                 fresh = lines[max(0, have - first_seq) :] if first_seq <= have else []
-                if fresh:
-                    conn.executemany(
-                        "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
-                            for i, line in enumerate(fresh)
-                        ],
-                    )
-                    conn.execute(
-                        "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
-                    )
-                    conn.execute(
-                        "UPDATE jobs SET log_count = ? WHERE id = ?", (offset + len(fresh), job_id)
-                    )
+                if not fresh:
+                    return have
+                kept, used = _within(fresh, used, max_bytes, over)
+                conn.executemany(
+                    "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
+                        for i, line in enumerate(kept)
+                    ],
+                )
+                conn.execute(
+                    "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                )
+                conn.execute(
+                    "UPDATE jobs SET log_count = ?, log_bytes = ? WHERE id = ?",
+                    (offset + len(kept), used, job_id),
+                )
                 return have + len(fresh)
 
         async with self._tx:
@@ -117,3 +131,25 @@ class OutputQueries(Database):
             (job_id, after, limit),
         )
         return [MetricRecord.from_row(r) for r in rows]
+
+
+def _within(
+    lines: Sequence[tuple[Any, ...]], used: int, max_bytes: int | None, over: str
+) -> tuple[list[tuple[Any, ...]], int]:
+    """The lines a job with ``used`` bytes of log may still keep, plus the one marker
+    line where the quota is reached; and its new byte count (past ``max_bytes`` once
+    the marker is stored, so later lines are all dropped)."""
+    if max_bytes is None:
+        return list(lines), used + sum(len(line[2].encode()) for line in lines)
+    kept: list[tuple[Any, ...]] = []
+    for line in lines:
+        if used > max_bytes:
+            break
+        size = len(line[2].encode())
+        if used + size > max_bytes:
+            kept.append(("system", line[1], over, None))
+            used = max_bytes + 1
+            break
+        kept.append(line)
+        used += size
+    return kept, used

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulayer.contracts import (
+    STORED,
     TERMINAL_STATES,
     Artifact,
     Event,
@@ -38,14 +39,22 @@ def gpu_indices(text: str | None) -> tuple[int, ...]:
     return tuple(json.loads(text)) if text and text != "[]" else ()
 
 
+#: The latest time a datetime can show (a stored time beyond it is shown as this).
+_LAST_TS = datetime(9999, 12, 30, tzinfo=UTC).timestamp()
+
+
 def as_datetime(ts: float) -> datetime:
-    """A stored UNIX time as an aware UTC datetime."""
-    return datetime.fromtimestamp(ts, UTC)
+    """A stored UNIX time as an aware UTC datetime; a time no datetime can hold
+    (an infinite or absurd expiry stored by an older version) is clamped, so the
+    row stays readable."""
+    if ts != ts:  # NaN
+        ts = 0.0
+    return datetime.fromtimestamp(min(max(ts, 0.0), _LAST_TS), UTC)
 
 
 def as_optional_datetime(ts: float | None) -> datetime | None:
     """:func:`as_datetime` for a time that may be missing."""
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+    return None if ts is None else as_datetime(ts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +97,7 @@ class JobRecord:
         """The job as a :class:`~gpulayer.contracts.Job` (``spec`` when already parsed)."""
         return Job(
             id=self.id,
-            spec=spec or JobSpec.model_validate_json(self.spec_json),
+            spec=spec or JobSpec.model_validate_json(self.spec_json, context=STORED),
             state=self.state,
             reason=self.reason,
             owner=self.owner,

@@ -151,8 +151,14 @@ ALTER TABLE tokens ADD COLUMN task_id TEXT;
 CREATE INDEX IF NOT EXISTS tokens_by_task ON tokens (task_id);
 """
 
+# v8: the log text a job stored, against the per-job log quota (older jobs count from 0).
+_SCHEMA_V8 = """
+ALTER TABLE jobs ADD COLUMN log_bytes INTEGER NOT NULL DEFAULT 0;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
+    _SCHEMA_V8,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

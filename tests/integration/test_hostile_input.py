@@ -38,7 +38,8 @@ TABLES = ["jobs", "tasks", "events", "logs", "artifacts", "workers", "tokens"]
 def quiet(tmp_path_factory) -> Iterator[LocalCluster]:
     """No workers (nothing heartbeats), short holds, no failed-login limit."""
     args = ["--GpulayerApp.long_poll_seconds=0.05", "--GpulayerApp.login_failures_allowed=0",
-            "--GpulayerApp.max_body_bytes=4096", "--GpulayerApp.max_blob_bytes=8192"]  # fmt: skip
+            "--GpulayerApp.max_body_bytes=4096", "--GpulayerApp.max_blob_bytes=8192",
+            "--GpulayerApp.max_batch_bytes=4096"]  # fmt: skip
     with LocalCluster(tmp_path_factory.mktemp("fuzz"), workers=0, server_args=args) as c:
         yield c
 

@@ -100,7 +100,7 @@ def test_describe_gpus_reads_like_the_request():
     ({"gpu_memory": "40GiB"}, "gpu_memory needs gpus >= 1"),
     ({"accelerator": "cpu", "gpus": 1}, "accelerator 'cpu' contradicts gpus > 0"),
     ({"gpus": 1, "accelerator": "rocm", "min_compute_capability": "8.0"}, "cuda GPUs only"),
-    ({"gpus": 1, "gpu_model": "(("}, "not a regular expression"),
+    ({"gpus": 1, "gpu_model": "(("}, "not a supported regular expression"),
     ({"gpus": 1, "min_compute_capability": "eight"}, "not a compute capability"),
     ({"profile": "tensorflow"}, "unknown profile 'tensorflow'"),
     ({"gpus": 1, "accelerator": "mps", "gpu_memory_kind": "dedicated"}, "unified memory"),

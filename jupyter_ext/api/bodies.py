@@ -1,0 +1,94 @@
+"""Request bodies: JSON that cannot crash a handler.
+
+:func:`decode_json` turns a body into a contract model or a
+:class:`~gpulayer.errors.ValidationError` naming the field, never a 500: JSON
+nested deeper than Python's recursion limit, integers of thousands of digits,
+text that is not valid Unicode (a lone surrogate cannot be stored or sent back)
+and integers SQLite cannot hold (at most 64 bits) are all refused here, for every
+route at once, before a service sees the request.
+"""
+
+import json
+from typing import Any, TypeVar
+
+import pydantic
+
+from gpulayer.errors import ValidationError
+
+from .errors import printable, validation_error
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def decode_json(body: bytes, model: type[M]) -> M:
+    """``body`` (a JSON object) as ``model``.
+
+    Raises
+    ------
+    ValidationError
+        Naming the offending field where there is one.
+    """
+    try:
+        data = json.loads(body or b"null")
+    except RecursionError as e:
+        raise ValidationError("request body is nested too deeply") from e
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, over-long integers
+        raise ValidationError(f"request body is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValidationError("request body must be a JSON object")
+    check_storable(data)  # before pydantic, whose messages would echo a bad key
+    try:
+        parsed = model.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise validation_error(e) from e
+    except RecursionError as e:
+        raise ValidationError("request body is nested too deeply") from e
+    check_storable(parsed.model_dump())  # numbers pydantic read from strings
+    return parsed
+
+
+def check_storable(value: Any) -> None:
+    """Refuse text with lone surrogates and integers beyond 64 bits anywhere in
+    ``value`` (a model's dump), naming the first such field.
+
+    Raises
+    ------
+    ValidationError
+        With the field's dotted path.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            _check_text(path, v)
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, int):
+            if not INT64_MIN <= v <= INT64_MAX:
+                raise ValidationError(
+                    f"{path or 'body'}: integer out of range (at most 2**63 - 1)",
+                    field=path or None,
+                )
+        elif isinstance(v, dict):
+            for key, item in v.items():
+                name = printable(key) if isinstance(key, str) else str(key)
+                sub = f"{path}.{name}" if path else name
+                if isinstance(key, str):
+                    _check_text(sub, key)
+                stack.append((sub, item))
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(v))
+
+
+def _check_text(path: str, text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValidationError(
+            f"{path or 'body'}: text is not valid Unicode (a lone surrogate)", field=path or None
+        ) from e
