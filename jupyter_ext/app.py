@@ -91,6 +91,11 @@ class GpulayerApp(ExtensionApp):
     login_failure_window_seconds = Float(
         60.0, help="Sliding window of the failed-login limit."
     ).tag(config=True)
+    idempotency_seconds = Float(
+        86400.0,
+        help="How long a submit's Idempotency-Key is kept: a repeat within this time"
+        " answers the jobs the first request created (expired keys are pruned).",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -148,6 +153,7 @@ class GpulayerApp(ExtensionApp):
             lease_seconds=self.lease_seconds,
             instruments=instruments,
             session_idle_seconds=self.session_idle_seconds,
+            idempotency_seconds=self.idempotency_seconds,
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)

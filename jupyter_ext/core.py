@@ -43,6 +43,7 @@ class Settings:
     lease_seconds: float = 30.0
     aging_seconds: float = 300.0
     session_idle_seconds: float = 3600.0
+    idempotency_seconds: float = 86400.0
 
 
 class Mailbox:

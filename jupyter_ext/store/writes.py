@@ -117,3 +117,15 @@ def put_result(
     """Keep a job's result (the latest attempt's wins)."""
     row = {"job_id": job_id, "task_id": task_id, "inline": inline, "sha256": sha256, "size": size}
     return insert("results", row, replace=True)
+
+
+def insert_idempotency_key(
+    owner: str, key: str, digest: str, job_ids: Sequence[str], now: float, expired_before: float
+) -> list[Statement]:
+    """Remember that ``owner``'s submit with ``key`` created ``job_ids`` (replacing an
+    expired record of the key; a live one makes the insert a conflict)."""
+    row = {
+        "owner": owner, "key": key, "digest": digest, "job_ids": list(job_ids), "created_at": now,
+    }  # fmt: skip
+    forget = "DELETE FROM idempotency_keys WHERE owner = ? AND key = ? AND created_at < ?"
+    return [(forget, (owner, key, expired_before)), insert("idempotency_keys", row)]
