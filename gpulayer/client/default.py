@@ -24,7 +24,11 @@ def set_default(conn: Connection | None) -> Connection | None:
 
 
 def connect(
-    url: str | None = None, token: str | None = None, *, fingerprint: str | None = None
+    url: str | None = None,
+    token: str | None = None,
+    *,
+    fingerprint: str | None = None,
+    reconnect_seconds: float | None = None,
 ) -> Connection:
     """Connect to a control plane and make it the default for :func:`submit`.
 
@@ -36,6 +40,10 @@ def connect(
     fingerprint
         The server certificate's pinned ``sha256:...``; else
         ``GPULAYER_FINGERPRINT`` or the saved file's (for the same URL).
+    reconnect_seconds
+        How long waits, log follows, function calls, maps and cells keep
+        reconnecting when the control plane goes away (a restart) before they
+        raise; default ``GPULAYER_RECONNECT_SECONDS`` or 120. 0: fail at once.
 
     Raises
     ------
@@ -47,7 +55,9 @@ def connect(
         If its TLS certificate is not the pinned one (nothing was sent).
     """
     cfg = config.resolve(url, token, fingerprint)
-    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint)
+    conn = Connection(
+        cfg.url, cfg.token, fingerprint=cfg.fingerprint, reconnect_seconds=reconnect_seconds
+    )
     try:
         conn.health()
     except BaseException:

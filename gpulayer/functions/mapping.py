@@ -116,7 +116,7 @@ class MapRun(Generic[R]):
         self._progress.close()
         for job_id in list(self._pending):
             with contextlib.suppress(errors.InvalidTransition, errors.NotFound):
-                self._conn.cancel(job_id)
+                self._conn.cancel(job_id, retry=True)  # through an outage too
         self._pending.clear()
 
     def _next_index(self) -> int:
