@@ -227,3 +227,35 @@ def test_cells_and_session_cells_ride_through_a_restart(rcluster, gate):
         assert f.answer() == ("cell before\ncell after\n", ["42"])
     conn.end_session("restarts")
     conn.close()
+
+
+def test_a_burst_of_submits_through_a_crash_stores_and_runs_each_job_once(rcluster, tmp_path):
+    """The client retries the submits the crash cut off with their idempotency keys:
+    every job it was told about exists once and ran once."""
+    conn = rcluster.connection()
+    conn.health()
+    ran = tmp_path / "ran.txt"
+    threads, each = 4, 25
+    told: list[str] = []
+
+    def burst(t: int) -> None:
+        for i in range(each):
+            name = f"burst-{t}-{i}"
+            told.append(gl.submit(f"echo {name} >> {ran}", name=name, connection=conn).id)
+
+    submitters = [Waiter(lambda t=t: burst(t)) for t in range(threads)]
+    for s in submitters:
+        s.start()
+    until(lambda: len(told) >= 20, 60, "the burst to be under way")
+    crash_and_restart(rcluster)
+    for s in submitters:
+        s.answer()
+
+    assert len(set(told)) == threads * each
+    jobs = [j for j in conn.jobs(limit=10000) if (j.spec.name or "").startswith("burst-")]
+    assert sorted(j.id for j in jobs) == sorted(told)  # nothing stored that nobody was told of
+    for job_id in told:
+        assert conn.wait(job_id, timeout=JOIN_SECONDS).state == contracts.JobState.succeeded
+    names = sorted(f"burst-{t}-{i}" for t in range(threads) for i in range(each))
+    assert sorted(ran.read_text().split()) == names
+    conn.close()
