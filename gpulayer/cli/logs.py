@@ -6,7 +6,7 @@ from typing import Any
 
 from gpulayer import contracts
 from gpulayer.cli import output
-from gpulayer.cli.options import connect
+from gpulayer.cli.options import bounded, connect
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.client.logs import stored_lines
@@ -19,7 +19,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
+    logs.add_argument("--rank", type=bounded(int, 0), metavar="N",
+                      help="only the lines of global rank N")  # fmt: skip
     logs.set_defaults(func=_logs)
 
 

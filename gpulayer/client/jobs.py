@@ -221,12 +221,21 @@ def submit(
     ValidationError
         Before anything is sent, when an option is malformed; ``field`` names it.
     TypeError
-        For an unknown option.
+        For an unknown option, or a ``command`` that is neither a string nor a
+        sequence of strings.
 
     Examples
     --------
     >>> job = gl.submit(["python", "train.py"], gpus=1, timeout="2h", workdir=".")
     """
+    if not isinstance(command, str) and (
+        not isinstance(command, Sequence) or isinstance(command, bytes | bytearray)
+    ):
+        raise TypeError(
+            "gl.submit takes the command as a string (run with /bin/sh -c) or a list of"
+            f' strings (an argv, e.g. ["python", "train.py"]), not a {type(command).__name__};'
+            " to run a Python function remotely use @gl.remote"
+        )
     specs.check(options, _SUBMIT_OPTIONS, "gl.submit")
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
     spec = specs.job_spec(options, **program)

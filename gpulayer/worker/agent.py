@@ -66,6 +66,7 @@ class AgentConfig:
     warm_runners: int = 1  # function runners started ahead of the first call
     runner_max_calls: int = 1000  # calls before a function runner is replaced
     address: str | None = None  # where other workers reach this one (gang rendezvous)
+    first_registration_seconds: float = 60.0  # give up on an unreachable URL (0: never)
 
 
 class Agent:
@@ -121,7 +122,7 @@ class Agent:
         """Register, then heartbeat and acquire until cancelled."""
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
-        await self._uplink.register()
+        await self._first_registration()
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop())
 
     async def shutdown(self) -> None:
@@ -136,6 +137,19 @@ class Agent:
         await self._kernels.close()
 
     # ---------------------------------------------------------- registration
+
+    async def _first_registration(self) -> None:
+        """Register, giving up on a control plane that never answers within
+        ``first_registration_seconds`` (a wrong URL); later outages are waited out."""
+        limit = self.config.first_registration_seconds
+        try:
+            await asyncio.wait_for(self._uplink.register(), limit if limit > 0 else None)
+        except TimeoutError:
+            raise ConfigError(
+                f"cannot register with the control plane at {self.config.url}: no answer"
+                f" within {limit:g}s; check the URL and that the control plane is up"
+                " (--register-timeout waits longer)"
+            ) from None
 
     def _registration(self) -> c.WorkerRegistration:
         vm = psutil.virtual_memory()
@@ -154,7 +168,10 @@ class Agent:
                 address=self.config.address or advertise_address(self.config.url),
             )
         except pydantic.ValidationError as e:
-            raise ConfigError(f"cannot register this worker: {e}") from e
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'worker'}: {err['msg']}" for err in e.errors()
+            )
+            raise ConfigError(f"cannot register this worker: {problems}") from e
 
     def _registered(self, reg: c.Registered) -> None:
         self._heartbeat_seconds = reg.heartbeat_seconds

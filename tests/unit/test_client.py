@@ -423,3 +423,12 @@ def test_an_empty_gpulayer_token_is_an_error_not_the_saved_admin_token(
     assert config.resolve(token="gl_given").token == "gl_given"  # an explicit one still wins
     monkeypatch.delenv("GPULAYER_TOKEN")
     assert config.resolve().token == "gl_admin"
+
+
+@pytest.mark.parametrize("command", [123, None, b"echo hi", 1.5])
+def test_submit_of_something_not_a_command_says_what_it_takes(command: object) -> None:
+    rec = Recorder()
+    with pytest.raises(TypeError, match=r"a string .* or a list of\s+strings") as e:
+        client.submit(command, connection=rec.connection())  # type: ignore[arg-type]
+    assert type(command).__name__ in str(e.value)
+    assert rec.requests == []  # nothing was sent
