@@ -21,6 +21,9 @@ class Fleet:
     def __init__(self, store: Store, telemetry_samples: int = 360) -> None:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
+        # task id -> log lines its worker last said it produced (in memory: a
+        # restarted control plane learns them again from the next heartbeat).
+        self._produced: dict[str, int] = {}
         self._telemetry: dict[str, deque[TelemetrySample]] = defaultdict(
             lambda: deque(maxlen=telemetry_samples)
         )
@@ -49,7 +52,8 @@ class Fleet:
         return known
 
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
-        """Keep one heartbeat's readings."""
+        """Keep one heartbeat's readings (and how many log lines each task produced)."""
+        self._produced.update(hb.log_lines)
         self._telemetry[worker_id].append(
             TelemetrySample(
                 ts=as_datetime(ts),
@@ -59,6 +63,11 @@ class Fleet:
                 tasks=hb.tasks,
             )
         )
+
+    def lines_produced(self, task_id: str) -> int | None:
+        """The log lines ``task_id`` produced by its worker's last heartbeat (None:
+        never reported); forgotten here, as the task is ending."""
+        return self._produced.pop(task_id, None)
 
     async def workers(self) -> list[Worker]:
         """Every worker with its running tasks and its latest readings."""

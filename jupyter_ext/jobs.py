@@ -322,21 +322,28 @@ class Jobs:
         return await self._core.notifier.wait_for([job_key(i) for i in unique], ended, timeout)
 
     async def logs(
-        self, job_id: str, offset: int, limit: int, wait: float, viewer: Principal | None = None
+        self,
+        job_id: str,
+        offset: int,
+        limit: int,
+        wait: float,
+        viewer: Principal | None = None,
+        attempt: int | None = None,
     ) -> LogPage:
-        """Lines from ``offset``; waits up to ``wait`` s for the first new one."""
+        """Lines from ``offset`` (only attempt ``attempt``'s when given); waits up to
+        ``wait`` s for the first new one."""
         await self.visible(job_id, viewer)
         store = self._core.store
 
         async def page() -> LogPage | None:
-            got = await store.log_page(job_id, offset, limit)
+            got = await store.log_page(job_id, offset, limit, attempt)
             return got if (got.lines or got.complete) else None
 
         if wait > 0:
             found = await self._core.notifier.wait_for(logs_key(job_id), page, wait)
             if found is not None:
                 return found
-        return await store.log_page(job_id, offset, limit)
+        return await store.log_page(job_id, offset, limit, attempt)
 
     # ------------------------------------------------------ cancel, interrupt
 

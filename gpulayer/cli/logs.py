@@ -1,4 +1,5 @@
-"""``gpulayer logs ID [-f] [--rank N]``, and following a job's output until it ends."""
+"""``gpulayer logs ID [-f] [--rank N] [--attempt N]``, and following a job's output
+until it ends."""
 
 import argparse
 import sys
@@ -9,7 +10,7 @@ from gpulayer.cli import output
 from gpulayer.cli.options import bounded, connect
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
-from gpulayer.client.logs import stored_lines
+from gpulayer.client.logs import stored_lines, with_attempt_marks
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
 
@@ -21,16 +22,21 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     logs.add_argument("--rank", type=bounded(int, 0), metavar="N",
                       help="only the lines of global rank N")  # fmt: skip
+    logs.add_argument("--attempt", type=bounded(int, 1), metavar="N",
+                      help="only the lines of attempt N (1 is the first)")  # fmt: skip
     logs.set_defaults(func=_logs)
 
 
 def _logs(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         if args.follow:
-            follow(conn, args.job_id, args.rank)
+            follow(conn, args.job_id, args.rank, attempt=args.attempt)
             return 0
         decoder = MessageDecoder()
-        for line in stored_lines(conn, args.job_id):
+        lines = stored_lines(conn, args.job_id, attempt=args.attempt)
+        if args.attempt is None:
+            lines = with_attempt_marks(conn, args.job_id, lines)
+        for line in lines:
             print_line(line, args.rank, decoder)
     return 0
 
@@ -51,11 +57,17 @@ def print_line(line: contracts.LogLine, rank: int | None, decoder: MessageDecode
     print(text, file=out, flush=True)
 
 
-def follow(conn: Connection, job_id: str, rank: int | None = None) -> int:
-    """Stream a job's output until it ends; returns the exit code to mirror."""
+def follow(
+    conn: Connection, job_id: str, rank: int | None = None, *, attempt: int | None = None
+) -> int:
+    """Stream a job's output (only attempt ``attempt``'s when given) until it ends,
+    riding through control-plane restarts; returns the exit code to mirror."""
     decoder = MessageDecoder()
+    lines = conn.follow_logs(job_id, attempt=attempt)
+    if attempt is None:
+        lines = with_attempt_marks(conn, job_id, lines)
     try:
-        for line in conn.follow_logs(job_id):
+        for line in lines:
             print_line(line, rank, decoder)
         job = conn.wait(job_id)
     except KeyboardInterrupt:

@@ -403,14 +403,18 @@ class Connection:
         limit: int | None = None,
         *,
         retry: bool = False,
+        attempt: int | None = None,
     ) -> contracts.LogPage:
         """``GET jobs/{id}/logs``: lines from ``offset``; with ``wait`` a long poll
-        (``retry``: ride through an outage, as follows do)."""
+        (``retry``: ride through an outage, as follows do); with ``attempt`` only
+        that attempt's lines (offsets stay the job's)."""
         params: dict[str, str | int | float] = {"offset": offset}
         if wait:
             params["wait"] = wait
         if limit is not None:
             params["limit"] = limit
+        if attempt is not None:
+            params["attempt"] = attempt
         resp = self._request(
             "GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204), retry=retry
         )
@@ -435,8 +439,11 @@ class Connection:
     #: The name this method had before issue 14 (kept so existing code still runs).
     metrics = training_metrics
 
-    def follow_logs(self, job_id: str, offset: int = 0) -> Iterator[contracts.LogLine]:
-        """Yield the job's log lines from ``offset`` as they arrive, each once.
+    def follow_logs(
+        self, job_id: str, offset: int = 0, *, attempt: int | None = None
+    ) -> Iterator[contracts.LogLine]:
+        """Yield the job's log lines from ``offset`` (only attempt ``attempt``'s when
+        given) as they arrive, each once.
 
         Ends once the job has ended and every line has been yielded. Rides through
         a control-plane restart: it goes on from the next offset, so no line is
@@ -444,7 +451,7 @@ class Connection:
         """
         wait = LONG_POLL_SECONDS
         while True:
-            page = self.logs(job_id, offset, wait=wait, retry=True)
+            page = self.logs(job_id, offset, wait=wait, retry=True, attempt=attempt)
             for line in page.lines:
                 if line.offset >= offset:  # a page that overlaps the last one
                     offset = line.offset + 1

@@ -97,6 +97,11 @@ class Heartbeat(RequestModel):
     memory_used_bytes: int | None = None
     gpus: list[GpuSample] = []
     tasks: list[TaskSample] = []
+    log_lines: dict[str, int] = Field(
+        default={},
+        description="per running task: the log lines it produced so far (when the task"
+        " is lost, the lines never delivered are recorded as a gap)",
+    )
 
 
 class HeartbeatReply(DocumentModel):

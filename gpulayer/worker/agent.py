@@ -198,6 +198,7 @@ class Agent:
             memory_used_bytes=vm.total - vm.available,
             gpus=self._gpu_telemetry.sample(),
             tasks=[self._trees.sample(task_id, pid) for pid, task_id in pids.items()],
+            log_lines={t.id: t.logs.produced for t in self._tasks.values()},
         )
         self._trees.forget(set(pids))
         try:

@@ -173,17 +173,21 @@ class JobEventsHandler(GpulayerAPIHandler):
 
 
 class JobLogsHandler(GpulayerAPIHandler):
-    """``GET jobs/{id}/logs?offset=&limit=&wait=``."""
+    """``GET jobs/{id}/logs?offset=&limit=&wait=&attempt=``."""
 
     @allow_unauthenticated
     @requires(*READ)
     async def get(self, job_id: str) -> None:
-        """Lines from ``offset``; with ``wait`` a long poll for the next ones."""
+        """Lines from ``offset``; with ``wait`` a long poll for the next ones; with
+        ``attempt`` only that attempt's lines (offsets stay the job's)."""
         await self.gl.jobs.visible(job_id, self.who)
         offset = self.int_arg("offset", 0, 0, 2**62)
         limit = self.int_arg("limit", 1000, 1, 10000)
         wait = self.wait_arg()
-        page = await self.long_poll(self.gl.jobs.logs(job_id, offset, limit, wait, self.who))
+        attempt = self.int_arg("attempt", 0, 1, 1_000_000) or None
+        page = await self.long_poll(
+            self.gl.jobs.logs(job_id, offset, limit, wait, self.who, attempt)
+        )
         if page is not None:
             self.reply(page)
 

@@ -129,3 +129,15 @@ def insert_idempotency_key(
     }  # fmt: skip
     forget = "DELETE FROM idempotency_keys WHERE owner = ? AND key = ? AND created_at < ?"
     return [(forget, (owner, key, expired_before)), insert("idempotency_keys", row)]
+
+
+def append_system_line(job_id: str, task_id: str, ts: float, text: str) -> list[Statement]:
+    """A ``system`` log line of the control plane's own, after the job's last line."""
+    return [
+        (
+            "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+            " SELECT id, log_count, ?, 'system', ?, ?, NULL FROM jobs WHERE id = ?",
+            (task_id, ts, text, job_id),
+        ),
+        ("UPDATE jobs SET log_count = log_count + 1 WHERE id = ?", (job_id,)),
+    ]
