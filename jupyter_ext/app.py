@@ -135,6 +135,11 @@ class GpulayerApp(ExtensionApp):
         64 * 1024 * 1024,
         help="Log text stored per job; later lines are dropped and one line says so.",
     ).tag(config=True)
+    idempotency_seconds = Float(
+        86400.0,
+        help="How long a submit's Idempotency-Key is kept: a repeat within this time"
+        " answers the jobs the first request created (expired keys are pruned).",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -201,6 +206,7 @@ class GpulayerApp(ExtensionApp):
                 log_bytes_per_job=self.max_log_bytes_per_job,
                 telemetry_bytes_per_worker=self.telemetry_window_bytes,
             ),
+            idempotency_seconds=self.idempotency_seconds,
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)

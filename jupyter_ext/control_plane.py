@@ -50,8 +50,15 @@ class ControlPlane:
         clock: Callable[[], float] = time.time,
         instruments: Instruments | None = None,
         quotas: Quotas | None = None,
+        idempotency_seconds: float = 86400.0,
     ) -> None:
-        settings = Settings(heartbeat_seconds, lease_seconds, aging_seconds, session_idle_seconds)
+        settings = Settings(
+            heartbeat_seconds,
+            lease_seconds,
+            aging_seconds,
+            session_idle_seconds,
+            idempotency_seconds=idempotency_seconds,
+        )
         self.core = core = Core(
             store,
             blobs,

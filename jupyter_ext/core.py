@@ -32,6 +32,7 @@ from .fleet import Fleet
 from .placement import shape
 from .prometheus import Instruments
 from .store import JobRecord, Statement, Store, TaskRecord
+from .store.writes import append_system_line
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import retry_or_end, task_end
 
@@ -49,6 +50,7 @@ class Settings:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     aging_seconds: float = 300.0
     session_idle_seconds: float = 3600.0
+    idempotency_seconds: float = 86400.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ class Core:
         spec = self.spec(job)
         why = reason or ("exit code 0" if state == JobState.succeeded else state.value)
         now = self.clock()
+        gap = await self._lost_lines(task, state, now)
         if gangs.is_gang(spec):
             tasks = await self.store.tasks_of_job(job.id)
             names = await self.fleet.all_names()
@@ -208,6 +211,23 @@ class Core:
                 now, job, spec, tasks, task, state, exit_code, why, retry=retry, names=names
             )
             self.stop(end.stop)
-            return end.statements
+            return gap + end.statements
         stmts = task_end(now, task, state, exit_code, why)
-        return stmts + retry_or_end(now, job, spec.retries, state, exit_code, why, retry=retry)
+        return (
+            gap + stmts + retry_or_end(now, job, spec.retries, state, exit_code, why, retry=retry)
+        )
+
+    async def _lost_lines(self, task: TaskRecord, state: JobState, now: float) -> list[Statement]:
+        """A ``system`` line recording the log lines a lost task produced that never
+        arrived ("3 lines lost when local-2 died"): a gap is said, never silent."""
+        produced = self.fleet.lines_produced(task.worker_id, task.id)
+        if state != JobState.lost or produced is None or produced <= task.log_seq:
+            return []
+        missing = produced - task.log_seq
+        names = await self.fleet.names({task.worker_id})
+        worker = names.get(task.worker_id or "", task.worker_id or "its worker")
+        text = (
+            f"── {missing} line{'s' if missing != 1 else ''} of attempt {task.attempt}"
+            f" lost when {worker} died (produced, never delivered)"
+        )
+        return append_system_line(task.job_id, task.id, now, text)

@@ -23,6 +23,10 @@ class Fleet:
     ) -> None:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
+        # worker id -> task id -> log lines the worker last said it produced (in
+        # memory, replaced by each heartbeat, so bounded by what one heartbeat may
+        # list; a restarted control plane learns them again from the next one).
+        self._produced: dict[str, dict[str, int]] = {}
         self._telemetry: dict[str, deque[tuple[TelemetrySample, int]]] = defaultdict(
             lambda: deque(maxlen=telemetry_samples)
         )
@@ -56,10 +60,13 @@ class Fleet:
         """Drop what is kept in memory about a worker that was forgotten."""
         self._views.pop(worker_id, None)
         self._telemetry.pop(worker_id, None)
+        self._produced.pop(worker_id, None)
 
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
         """Keep one heartbeat's readings; the oldest go once the window holds more
-        than ``telemetry_samples`` samples or ``telemetry_bytes`` (their JSON size)."""
+        than ``telemetry_samples`` samples or ``telemetry_bytes`` (their JSON size); and
+        how many log lines each task produced."""
+        self._produced[worker_id] = dict(hb.log_lines)
         sample = TelemetrySample(
             ts=as_datetime(ts),
             cpu_percent=hb.cpu_percent,
@@ -83,6 +90,11 @@ class Fleet:
     def window_bytes(self, worker_id: str) -> int:
         """The JSON size of a worker's telemetry window."""
         return self._window_bytes.get(worker_id, 0)
+
+    def lines_produced(self, worker_id: str | None, task_id: str) -> int | None:
+        """The log lines ``task_id`` produced by its worker's last heartbeat (None:
+        never reported); forgotten here, as the task is ending."""
+        return self._produced.get(worker_id or "", {}).pop(task_id, None)
 
     async def workers(self) -> list[Worker]:
         """Every worker with its running tasks and its latest readings."""

@@ -15,8 +15,10 @@ Every method that takes a ``viewer`` applies ``access.py``: a job the viewer may
 not see is answered as if it did not exist.
 """
 
+import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpulayer.contracts import (
     TERMINAL_STATES,
@@ -29,14 +31,21 @@ from gpulayer.contracts import (
     LogPage,
     Placement,
 )
-from gpulayer.errors import InvalidTransition, NotFound, QuotaExceeded, ValidationError
+from gpulayer.errors import (
+    Conflict,
+    InvalidTransition,
+    NotFound,
+    QuotaExceeded,
+    ValidationError,
+)
 
 from . import access, gangs
 from .auth import Principal
 from .core import Core, new_id
 from .placer import Placer
 from .sessions import Sessions
-from .store import JobRecord, ResultRecord, Statement
+from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement
+from .store.writes import insert_idempotency_key
 from .streams import job_key, logs_key
 from .transitions import cancel_requested, job_to, note, submitted, task_end
 
@@ -45,6 +54,17 @@ log = logging.getLogger("gpulayer.jobs")
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
 _ACTIVE = frozenset(JobState) - TERMINAL_STATES
+#: Expired idempotency keys are pruned at most this often (on a submit).
+_PRUNE_EVERY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit stored: its jobs, and whether an earlier request with the same
+    idempotency key had stored them already (``replayed``: nothing new was stored)."""
+
+    jobs: list[Job]
+    replayed: bool = False
 
 
 class Jobs:
@@ -54,6 +74,7 @@ class Jobs:
         self._core = core
         self._sessions = sessions
         self._placer = placer
+        self._pruned_at = 0.0
 
     async def visible(self, job_id: str, viewer: Principal | None) -> JobRecord:
         """The job, if ``viewer`` may see it (else :class:`NotFound`)."""
@@ -69,6 +90,82 @@ class Jobs:
         self, specs: Sequence[JobSpec], owner: str, viewer: Principal | None = None
     ) -> list[Job]:
         """Queue several jobs in one transaction (all or none), then place what fits."""
+        return (await self.submit_once(specs, owner, viewer)).jobs
+
+    async def submit_once(
+        self,
+        specs: Sequence[JobSpec],
+        owner: str,
+        viewer: Principal | None = None,
+        *,
+        key: str | None = None,
+    ) -> Submitted:
+        """:meth:`submit_many`, at most once per idempotency ``key`` of ``owner``
+        (docs/adr/0085): a repeat with the same specs within ``idempotency_seconds``
+        answers the jobs the first request stored.
+
+        Raises
+        ------
+        Conflict
+            When ``key`` was used for different specs (``field``: ``Idempotency-Key``).
+        """
+        digest = _digest(specs) if key is not None else ""
+        if key is not None:
+            await self._prune()
+            earlier = await self._replay(owner, key, digest)
+            if earlier is not None:
+                return earlier
+        try:
+            return Submitted(await self._store(specs, owner, viewer, key, digest))
+        except Conflict:
+            # Two requests with one key at once: the other stored first.
+            earlier = await self._replay(owner, key, digest) if key is not None else None
+            if earlier is None:
+                raise
+            return earlier
+
+    async def _replay(self, owner: str, key: str, digest: str) -> Submitted | None:
+        """The jobs an earlier live request with ``key`` stored, or None."""
+        found = await self._core.store.idempotency_key(owner, key)
+        if found is None or found.created_at < self._key_horizon():
+            return None
+        if found.digest != digest:
+            raise Conflict(
+                f"Idempotency-Key {key!r} was already used for a different submit"
+                f" (jobs {', '.join(found.job_ids)}); use a new key for a new request",
+                field="Idempotency-Key",
+            )
+        log.info("submit with key %r replayed: jobs %s", key, ", ".join(found.job_ids))
+        return Submitted(await self._jobs_of(found), replayed=True)
+
+    async def _jobs_of(self, found: IdempotencyRecord) -> list[Job]:
+        if len(found.job_ids) == 1:
+            try:
+                return [await self.get(found.job_ids[0])]
+            except NotFound:
+                return []
+        return await self.by_ids(found.job_ids)
+
+    def _key_horizon(self) -> float:
+        """Keys recorded before this time have expired."""
+        return self._core.clock() - self._core.settings.idempotency_seconds
+
+    async def _prune(self) -> None:
+        """Forget expired idempotency keys (at most once a minute)."""
+        now = self._core.clock()
+        if now - self._pruned_at >= _PRUNE_EVERY_SECONDS:
+            self._pruned_at = now
+            await self._core.store.prune_idempotency_keys(self._key_horizon())
+
+    async def _store(
+        self,
+        specs: Sequence[JobSpec],
+        owner: str,
+        viewer: Principal | None,
+        key: str | None,
+        digest: str,
+    ) -> list[Job]:
+        """Check, store (with the key, in the same transaction) and place new jobs."""
         core = self._core
         await self._check_queue_quota(owner, len(specs))
         await self._sessions.check_cells(specs, viewer)
@@ -81,6 +178,8 @@ class Jobs:
         stmts: list[Statement] = []
         for job_id, spec in zip(ids, specs, strict=True):
             stmts += submitted(now, job_id, spec.model_dump_json(), owner, spec.priority)
+        if key is not None:
+            stmts += insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
         await core.store.apply(stmts)
         for job_id, spec in zip(ids, specs, strict=True):
             core.remember(job_id, spec)
@@ -248,21 +347,28 @@ class Jobs:
         return await self._core.notifier.wait_for([job_key(i) for i in unique], ended, timeout)
 
     async def logs(
-        self, job_id: str, offset: int, limit: int, wait: float, viewer: Principal | None = None
+        self,
+        job_id: str,
+        offset: int,
+        limit: int,
+        wait: float,
+        viewer: Principal | None = None,
+        attempt: int | None = None,
     ) -> LogPage:
-        """Lines from ``offset``; waits up to ``wait`` s for the first new one."""
+        """Lines from ``offset`` (only attempt ``attempt``'s when given); waits up to
+        ``wait`` s for the first new one."""
         await self.visible(job_id, viewer)
         store = self._core.store
 
         async def page() -> LogPage | None:
-            got = await store.log_page(job_id, offset, limit)
+            got = await store.log_page(job_id, offset, limit, attempt)
             return got if (got.lines or got.complete) else None
 
         if wait > 0:
             found = await self._core.notifier.wait_for(logs_key(job_id), page, wait)
             if found is not None:
                 return found
-        return await store.log_page(job_id, offset, limit)
+        return await store.log_page(job_id, offset, limit, attempt)
 
     # ------------------------------------------------------ cancel, interrupt
 
@@ -353,3 +459,12 @@ def _attach(job: Job, row: ResultRecord | None) -> None:
     if row is not None:
         job.result_size = row.size
         job.result = row.inline
+
+
+def _digest(specs: Sequence[JobSpec]) -> str:
+    """What a repeat of a submit must match: the specs as parsed, in order."""
+    h = hashlib.sha256()
+    for spec in specs:
+        h.update(spec.model_dump_json().encode())
+        h.update(b"\n")
+    return h.hexdigest()

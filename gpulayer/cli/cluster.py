@@ -261,11 +261,12 @@ class LocalCluster:
             signal_if_running(server, signal.SIGTERM)
             reap(server)
 
-    def restart_control_plane(self) -> None:
-        """Stop only the control plane and start it again (same port, same data dir)."""
+    def restart_control_plane(self, sig: int = signal.SIGTERM) -> None:
+        """Stop only the control plane (with ``sig``: SIGKILL for a crash) and start it
+        again (same port, same data dir)."""
         if self._server is not None:
             server, self._server = self._server, None
-            signal_if_running(server, signal.SIGTERM)
+            signal_if_running(server, sig)
             reap(server)
         self._start_control_plane()
 

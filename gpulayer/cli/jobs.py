@@ -8,7 +8,7 @@ from typing import Any
 from gpulayer import contracts, errors
 from gpulayer.cli import output
 from gpulayer.cli.logs import RAW_HELP, follow
-from gpulayer.cli.options import connect
+from gpulayer.cli.options import bounded, connect
 from gpulayer.client import specs, submit
 
 #: ``gpulayer submit``'s options: every resource, job and gang option.
@@ -32,7 +32,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 
     jobs = sub.add_parser("jobs", parents=[conn], help="list jobs")
     jobs.add_argument("--state", choices=[str(s) for s in contracts.JobState])
-    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--limit", type=bounded(int, 1, 10000), default=50)
     jobs.set_defaults(func=_jobs)
 
     for name, func, text in (

@@ -1,4 +1,5 @@
-"""``gpulayer logs ID [-f] [--rank N] [--raw]``, and following a job's output until it ends.
+"""``gpulayer logs ID [-f] [--rank N] [--attempt N] [--raw]``, and following a job's
+output until it ends.
 
 A job's output is printed through :func:`gpulayer.cli.output.plain` (no terminal
 control sequences) unless ``--raw``.
@@ -10,10 +11,10 @@ from typing import Any
 
 from gpulayer import contracts
 from gpulayer.cli import output
-from gpulayer.cli.options import connect
+from gpulayer.cli.options import bounded, connect
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
-from gpulayer.client.logs import stored_lines
+from gpulayer.client.logs import stored_lines, with_attempt_marks
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
 RAW_HELP = "print the output as it is, terminal control sequences included"
@@ -24,7 +25,10 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
-    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
+    logs.add_argument("--rank", type=bounded(int, 0), metavar="N",
+                      help="only the lines of global rank N")  # fmt: skip
+    logs.add_argument("--attempt", type=bounded(int, 1), metavar="N",
+                      help="only the lines of attempt N (1 is the first)")  # fmt: skip
     logs.add_argument("--raw", action="store_true", help=RAW_HELP)
     logs.set_defaults(func=_logs)
 
@@ -32,10 +36,13 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 def _logs(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         if args.follow:
-            follow(conn, args.job_id, args.rank, raw=args.raw)
+            follow(conn, args.job_id, args.rank, attempt=args.attempt, raw=args.raw)
             return 0
         decoder = MessageDecoder()
-        for line in stored_lines(conn, args.job_id):
+        lines = stored_lines(conn, args.job_id, attempt=args.attempt)
+        if args.attempt is None:
+            lines = with_attempt_marks(conn, args.job_id, lines)
+        for line in lines:
             print_line(line, args.rank, decoder, raw=args.raw)
     return 0
 
@@ -59,11 +66,22 @@ def print_line(
     output.say(text, raw=raw, file=out)
 
 
-def follow(conn: Connection, job_id: str, rank: int | None = None, *, raw: bool = False) -> int:
-    """Stream a job's output until it ends; returns the exit code to mirror."""
+def follow(
+    conn: Connection,
+    job_id: str,
+    rank: int | None = None,
+    *,
+    attempt: int | None = None,
+    raw: bool = False,
+) -> int:
+    """Stream a job's output (only attempt ``attempt``'s when given) until it ends,
+    riding through control-plane restarts; returns the exit code to mirror."""
     decoder = MessageDecoder()
+    lines = conn.follow_logs(job_id, attempt=attempt)
+    if attempt is None:
+        lines = with_attempt_marks(conn, job_id, lines)
     try:
-        for line in conn.follow_logs(job_id):
+        for line in lines:
             print_line(line, rank, decoder, raw=raw)
         job = conn.wait(job_id)
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """What every command shares: the parser class, the connection options, the connection."""
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpulayer import errors
 from gpulayer.client import Connection, config
@@ -12,6 +12,24 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise errors.ValidationError(f"{message} (see `{self.prog} --help`)")
+
+
+def bounded(kind: type[int] | type[float], lo: float, hi: float | None = None) -> Any:
+    """An argparse type: a ``kind`` number in ``[lo, hi]`` (one error line otherwise)."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < lo or (hi is not None and value > hi):
+            limit = f">= {lo:g}" if hi is None else f"from {lo:g} to {hi:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {what} {limit}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def connection_options() -> argparse.ArgumentParser:

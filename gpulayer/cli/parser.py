@@ -4,10 +4,13 @@ import argparse
 import shlex
 from collections.abc import Sequence
 
+from pydantic import ValidationError as PydanticValidationError
+
 from gpulayer import __version__, errors
 from gpulayer.cli import jobs, logs, output, sessions, tokens, up, workers
 from gpulayer.cli.options import Parser, connection_options
 from gpulayer.client import Connection
+from gpulayer.client.specs import pydantic_to_gpulayer
 
 _DESCRIPTION = "The ``gpulayer`` command line."
 
@@ -44,6 +47,8 @@ def main(argv: Sequence[str] | None = None, *, connection: Connection | None = N
         return e.code if isinstance(e.code, int) else 0
     except errors.GpulayerError as e:
         return output.fail(e.message, 2 if isinstance(e, errors.ValidationError) else 1)
+    except PydanticValidationError as e:  # a model a command built from its flags
+        return output.fail(pydantic_to_gpulayer(e).message, 2)
     except (OSError, TimeoutError) as e:
         return output.fail(str(e) or type(e).__name__, 1)
 

@@ -10,6 +10,7 @@ from typing import Any
 from gpulayer import contracts
 from gpulayer.cli import output
 from gpulayer.cli.options import connect
+from gpulayer.client import specs
 
 _ROLES = ("admin", "submitter", "viewer", "join")
 
@@ -33,9 +34,10 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    req = contracts.CreateToken(
-        name=args.name, role=args.role, expires=args.expires, single_use=args.single_use
-    )
+    req = specs.validated(
+        contracts.CreateToken,
+        name=args.name, role=args.role, expires=args.expires, single_use=args.single_use,
+    )  # fmt: skip
     with connect(args) as conn:
         made = conn.create_token(req)
     print(made.token, flush=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulayer import contracts, errors
 from gpulayer.cli import output
+from gpulayer.cli.options import bounded
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
 
@@ -22,13 +23,14 @@ if TYPE_CHECKING:
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``up``, ``join`` and ``demo`` to the ``gpulayer`` parser."""
     up = sub.add_parser("up", help="start a control plane and local workers here")
-    up.add_argument("--port", type=int, help="port (default: 8765, or a free one if taken)")
+    up.add_argument("--port", type=bounded(int, 1, 65535),
+                    help="port (default: 8765, or a free one if taken)")  # fmt: skip
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--data-dir", type=Path, default=None,
                     help="default: $GPULAYER_DATA_DIR or ~/.local/share/gpulayer")  # fmt: skip
-    up.add_argument("--local-workers", type=int, default=1, metavar="N")
+    up.add_argument("--local-workers", type=bounded(int, 0), default=1, metavar="N")
     up.add_argument("--simulated-gpus", metavar="SPEC", help="e.g. 2xA100-80GB")
-    up.add_argument("--slots", type=int, default=4, help="tasks per local worker")
+    up.add_argument("--slots", type=bounded(int, 1), default=4, help="tasks per local worker")
     up.add_argument("--tls", action="store_true",
                     help="serve HTTPS (always on when --host is not loopback)")  # fmt: skip
     up.add_argument("--certfile", type=Path, help="serve this certificate, not a self-signed one")
@@ -61,16 +63,19 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     join.add_argument("--insecure", action="store_true",
                       help="send tokens over http:// to another machine (clear text)")  # fmt: skip
     join.add_argument("--name", help="worker name (default: the hostname)")
-    join.add_argument("--slots", type=int, default=4, help="tasks run at once")
+    join.add_argument("--slots", type=bounded(int, 1), default=4, help="tasks run at once")
     join.add_argument("--address", metavar="HOST",
                       help="where other workers reach this one for distributed jobs"
                            " (default: the IP used to reach the control plane)")  # fmt: skip
     join.add_argument("--data-dir", type=Path, default=None)
     join.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V")
-    join.add_argument("--warm-runners", type=int, default=1, metavar="N",
+    join.add_argument("--warm-runners", type=bounded(int, 0), default=1, metavar="N",
                       help="Python function runners started ahead of the first call")  # fmt: skip
-    join.add_argument("--runner-max-calls", type=int, default=1000, metavar="N",
+    join.add_argument("--runner-max-calls", type=bounded(int, 1), default=1000, metavar="N",
                       help="calls before a function runner is replaced by a fresh one")  # fmt: skip
+    join.add_argument("--register-timeout", type=bounded(float, 0), default=60.0, metavar="S",
+                      help="give up when the first registration gets no answer in S seconds"
+                           " (0: keep trying; later outages are always waited out)")  # fmt: skip
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_demo)
@@ -222,6 +227,7 @@ def _join(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
         address=args.address, insecure=args.insecure,
+        first_registration_seconds=args.register_timeout,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

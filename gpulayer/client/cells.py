@@ -186,14 +186,15 @@ class RemoteCell:
         """Yield the cell's relayed messages as they arrive, until its reply (or its end).
 
         ``on_line`` gets the job's other lines (gpulayer's own ``system`` lines).
-        Calling it again after an interruption goes on where it stopped; after
-        :meth:`interrupt` it follows a few seconds more, so the remote
-        ``KeyboardInterrupt`` shows.
+        It rides through a control-plane restart from its offset (no message
+        twice, none missed). Calling it again after an interruption goes on where
+        it stopped; after :meth:`interrupt` it follows a few seconds more, so the
+        remote ``KeyboardInterrupt`` shows.
         """
         started = time.monotonic()
         noted = False
         while self.reply is None:
-            page = self.connection.logs(self.id, self.offset, wait=self._hold())
+            page = self.connection.logs(self.id, self.offset, wait=self._hold(), retry=True)
             for line in page.lines:
                 if line.offset < self.offset:
                     continue
@@ -227,7 +228,7 @@ class RemoteCell:
 
     def _note_pending(self, on_line: Callable[[contracts.LogLine], None] | None) -> None:
         """Say once why a cell is still waiting (a session starting, GPUs busy)."""
-        info = self.connection.job(self.id)
+        info = self.connection.job(self.id, retry=True)
         if info.state != contracts.JobState.queued or on_line is None:
             return
         why = "; ".join(info.pending_reasons) or info.reason or "waiting"

@@ -25,6 +25,10 @@ from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer.errors import ConfigError
 
+#: How long waits, follows and submits ride through an unreachable control plane.
+DEFAULT_RECONNECT_SECONDS = 120.0
+RECONNECT_ENV = "GPULAYER_RECONNECT_SECONDS"
+
 _HOW_TO_FIX = (
     "run `gpulayer up`, or set GPULAYER_URL and GPULAYER_TOKEN, or call gl.connect(url, token)"
 )
@@ -120,6 +124,9 @@ def resolve(
         If no URL or no token can be found, with a message that says how to fix it.
     """
     url = url or os.environ.get("GPULAYER_URL") or None
+    if token is None and os.environ.get("GPULAYER_TOKEN") == "":
+        # Never fall back to the saved (admin) token because a variable is blank.
+        raise ConfigError("GPULAYER_TOKEN is set but empty; set it to a gpulayer token or unset it")
     token = token or os.environ.get("GPULAYER_TOKEN") or None
     fingerprint = fingerprint or os.environ.get("GPULAYER_FINGERPRINT") or None
     insecure = insecure or os.environ.get("GPULAYER_INSECURE", "").lower() in ("1", "true", "yes")
@@ -137,6 +144,30 @@ def resolve(
     if not token:
         raise ConfigError(f"no gpulayer token for {url}; {_HOW_TO_FIX}")
     return ConnectionConfig(url=url, token=token, fingerprint=fingerprint, insecure=insecure)
+
+
+def reconnect_seconds(value: float | None = None) -> float:
+    """How long a connection rides through outages: ``value``, else
+    ``$GPULAYER_RECONNECT_SECONDS``, else 120 s.
+
+    Raises
+    ------
+    ConfigError
+        If the value is not a number of seconds >= 0.
+    """
+    where = "reconnect_seconds"
+    if value is None:
+        raw = os.environ.get(RECONNECT_ENV, "").strip()
+        if not raw:
+            return DEFAULT_RECONNECT_SECONDS
+        where = RECONNECT_ENV
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{RECONNECT_ENV}={raw!r} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{where} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _same_url(a: str, b: str) -> bool:

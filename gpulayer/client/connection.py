@@ -11,12 +11,24 @@ It is the REST protocol of ``docs/api.md`` over one
 * any other unexpected answer → :class:`~gpulayer.errors.ApiError` with method,
   URL and status.
 
+Riding through restarts (docs/user-guide.md, "When the control plane restarts"):
+once a connection has had an answer from its control plane, the requests that
+waits, log follows and submits make (``retry=True`` below) retry connection errors
+and 502/503/504 answers with capped backoff for ``reconnect_seconds`` (default
+120 s, ``GPULAYER_RECONNECT_SECONDS``) before they raise. Submits carry an
+``Idempotency-Key`` made once per logical submit, so a retry of a submit the
+control plane stored before it went away answers the same job (docs/adr/0085).
+A connection that never reached its control plane (every connect refused or
+timed out) fails at once: a wrong URL says so without a two-minute wait.
+
 (:class:`~gpulayer.client.jobs.Job` is the handle users hold;
 :mod:`gpulayer.client.default` keeps the process's default connection.)
 """
 
+import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,13 +40,21 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls
-from gpulayer.client import artifacts
+from gpulayer.client import artifacts, config
 from gpulayer.client.specs import pydantic_to_gpulayer
+
+log = logging.getLogger(__name__)
 
 #: Longer than the server's 30 s long-poll hold, so a hold never reads as a timeout.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=45.0, write=60.0, pool=5.0)
 #: The most a single long-poll asks the server to hold (its cap is 30 s by default).
 LONG_POLL_SECONDS = 30.0
+#: The header a submit's idempotency key travels in (docs/adr/0085).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: Answers a proxy or a starting control plane gives while it is not there: retried.
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
+_BACKOFF_FIRST_SECONDS = 0.2
+_BACKOFF_MAX_SECONDS = 2.0
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -62,6 +82,10 @@ class Connection:
     insecure
         Send the token over ``http://`` to another machine all the same (clear
         text: only on a network you trust). Loopback and ``https://`` need no opt-in.
+    reconnect_seconds
+        How long waits, log follows and submits keep retrying while the control
+        plane cannot be reached (a restart); default ``GPULAYER_RECONNECT_SECONDS``
+        or 120. 0 turns it off.
 
     Raises
     ------
@@ -79,11 +103,14 @@ class Connection:
         transport: httpx.BaseTransport | None = None,
         fingerprint: str | None = None,
         insecure: bool = False,
+        reconnect_seconds: float | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
         if transport is None:  # a transport of the caller's (a test double) is not the network
             tls.refuse_clear_text(url, insecure, "pass insecure=True (--insecure)")
+        self.reconnect_seconds = config.reconnect_seconds(reconnect_seconds)
+        self._reached = False  # set by the first answer: only then are outages ridden
         verify = tls.verify_for(url, fingerprint)
         self.url = url if url.endswith("/") else url + "/"
         self._api = url.rstrip("/") + contracts.API_PREFIX + "/"
@@ -130,17 +157,69 @@ class Connection:
         params: Mapping[str, str | int | float] | None = None,
         content: bytes | None = None,
         expect: tuple[int, ...] = (200,),
+        headers: Mapping[str, str] | None = None,
+        retry: bool = False,
     ) -> httpx.Response:
-        """Send one request and map every failure onto the gpulayer error tree."""
+        """Send one request and map every failure onto the gpulayer error tree.
+
+        With ``retry`` (a request that may be repeated: a read, a wait, a keyed
+        submit), connection errors and 502/503/504 are retried with backoff for
+        :attr:`reconnect_seconds` once this connection has reached the control plane.
+        """
         url = self._api + path
-        headers = {}
+        sent = dict(headers or {})
         if json_model is not None:
             content = json_model.model_dump_json(exclude_none=True).encode()
-            headers["Content-Type"] = "application/json"
+            sent["Content-Type"] = "application/json"
         elif content is not None:
-            headers["Content-Type"] = "application/octet-stream"
+            sent["Content-Type"] = "application/octet-stream"
+        outage: float | None = None
+        delay = _BACKOFF_FIRST_SECONDS
+        while True:
+            try:
+                resp = self._send(method, url, params, content, sent)
+            except errors.CertificateMismatch:
+                raise
+            except errors.ConnectionFailed as e:
+                if not isinstance(e.__cause__, httpx.ConnectError | httpx.ConnectTimeout):
+                    self._reached = True  # it answered the connect, then went away
+                if not (retry and self._reached):
+                    raise
+                failure: errors.GpulayerError = e
+            else:
+                self._reached = True
+                if resp.status_code in expect:
+                    if outage is not None:
+                        log.warning("the gpulayer control plane at %s is back", self.url)
+                    return resp
+                failure = self._error(method, url, resp)
+                if not (retry and resp.status_code in _GATEWAY_STATUSES):
+                    raise failure
+            now = time.monotonic()
+            if outage is None:
+                outage = now
+                if self.reconnect_seconds > 0:
+                    log.warning(
+                        "lost the gpulayer control plane at %s (%s); reconnecting for up to %gs",
+                        self.url, failure.message, self.reconnect_seconds,
+                    )  # fmt: skip
+            left = outage + self.reconnect_seconds - now
+            if left <= 0:
+                raise _gave_up(failure, now - outage)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, _BACKOFF_MAX_SECONDS)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, str | int | float] | None,
+        content: bytes | None,
+        headers: Mapping[str, str],
+    ) -> httpx.Response:
+        """One HTTP exchange; a transport failure is :class:`ConnectionFailed`."""
         try:
-            resp = self._client.request(
+            return self._client.request(
                 method, url, params=params, content=content, headers=headers
             )
         except httpx.TransportError as e:
@@ -154,9 +233,6 @@ class Connection:
                 method=method,
                 url=url,
             ) from e
-        if resp.status_code in expect:
-            return resp
-        raise self._error(method, url, resp)
 
     @staticmethod
     def _error(method: str, url: str, resp: httpx.Response) -> errors.GpulayerError:
@@ -200,29 +276,49 @@ class Connection:
         """``GET health``: the control plane is up (and its version)."""
         return self._parse(self._request("GET", "health"), contracts.Health)
 
-    def submit(self, spec: contracts.JobSpec, *, wait: float = 0.0) -> contracts.Job:
+    def submit(
+        self,
+        spec: contracts.JobSpec,
+        *,
+        wait: float = 0.0,
+        idempotency_key: str | None = None,
+    ) -> contracts.Job:
         """``POST jobs``: submit a job; answers it as stored (state ``queued``), or,
-        with ``wait`` > 0, as it is after up to that many seconds (ended if quick)."""
+        with ``wait`` > 0, as it is after up to that many seconds (ended if quick).
+
+        The request carries ``idempotency_key`` (a fresh one when None) and is
+        retried with it through an outage, so the job is stored once.
+        """
         params = {"wait": f"{min(wait, LONG_POLL_SECONDS):.3f}"} if wait > 0 else None
-        resp = self._request("POST", "jobs", json_model=spec, params=params, expect=(201, 200))
+        resp = self._request(
+            "POST", "jobs", json_model=spec, params=params, expect=(201, 200),
+            headers=_keyed(idempotency_key), retry=True,
+        )  # fmt: skip
         return self._parse(resp, contracts.Job)
 
-    def submit_many(self, specs: Sequence[contracts.JobSpec]) -> list[contracts.Job]:
-        """``POST jobs/batch``: several jobs in one request, all stored or none."""
+    def submit_many(
+        self, specs: Sequence[contracts.JobSpec], *, idempotency_key: str | None = None
+    ) -> list[contracts.Job]:
+        """``POST jobs/batch``: several jobs in one request, all stored or none; one
+        idempotency key for the batch, as for :meth:`submit`."""
         body = contracts.JobBatch(jobs=list(specs))
-        resp = self._request("POST", "jobs/batch", json_model=body, expect=(201,))
+        resp = self._request(
+            "POST", "jobs/batch", json_model=body, expect=(201, 200),
+            headers=_keyed(idempotency_key), retry=True,
+        )  # fmt: skip
         return self._parse(resp, contracts.JobList).jobs
 
     def wait_any(self, job_ids: Sequence[str], timeout: float) -> list[contracts.Job]:
         """``POST jobs/wait``: the jobs among ``job_ids`` that ended, as soon as one
         has (with small function results), or ``[]`` after ``timeout`` s."""
         body = contracts.WaitAny(ids=list(job_ids), timeout=min(timeout, LONG_POLL_SECONDS))
-        resp = self._request("POST", "jobs/wait", json_model=body, expect=(200, 204))
+        resp = self._request("POST", "jobs/wait", json_model=body, expect=(200, 204), retry=True)
         return [] if resp.status_code == 204 else self._parse(resp, contracts.JobList).jobs
 
     def result(self, job_id: str) -> bytes:
-        """``GET jobs/{id}/result``: a function job's pickled outcomes."""
-        return self._request("GET", f"jobs/{_seg(job_id)}/result").content
+        """``GET jobs/{id}/result``: a function job's pickled outcomes (read after a
+        wait, so it rides through an outage as the wait does)."""
+        return self._request("GET", f"jobs/{_seg(job_id)}/result", retry=True).content
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[contracts.Job]:
         """``GET jobs``: the newest jobs, optionally only those in ``state``."""
@@ -232,9 +328,11 @@ class Connection:
         resp = self._request("GET", "jobs", params=params)
         return self._parse(resp, contracts.JobList).jobs
 
-    def job(self, job_id: str) -> contracts.Job:
-        """``GET jobs/{id}``: one job with its tasks and pending reasons."""
-        return self._parse(self._request("GET", f"jobs/{_seg(job_id)}"), contracts.Job)
+    def job(self, job_id: str, *, retry: bool = False) -> contracts.Job:
+        """``GET jobs/{id}``: one job with its tasks and pending reasons (``retry``:
+        ride through an outage, as waits do)."""
+        resp = self._request("GET", f"jobs/{_seg(job_id)}", retry=retry)
+        return self._parse(resp, contracts.Job)
 
     def wait(self, job_id: str, timeout: float | None = None) -> contracts.Job:
         """Block until the job ends, by long-polling ``GET jobs/{id}/wait``.
@@ -261,18 +359,21 @@ class Connection:
                 f"jobs/{_seg(job_id)}/wait",
                 params={"timeout": f"{hold:.3f}"},
                 expect=(200, 204),
+                retry=True,
             )
             if resp.status_code == 200:
                 return self._parse(resp, contracts.Job)
         # The deadline passed between two holds: one last look before giving up.
-        job = self.job(job_id)
+        job = self.job(job_id, retry=True)
         if job.state.terminal:
             return job
         raise TimeoutError(f"job {job_id} did not end within {timeout:g}s (it is {job.state})")
 
-    def cancel(self, job_id: str) -> contracts.Job:
-        """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended."""
-        return self._parse(self._request("POST", f"jobs/{_seg(job_id)}/cancel"), contracts.Job)
+    def cancel(self, job_id: str, *, retry: bool = False) -> contracts.Job:
+        """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended
+        (``retry``: through an outage; a repeated cancel may then find it ended)."""
+        resp = self._request("POST", f"jobs/{_seg(job_id)}/cancel", retry=retry)
+        return self._parse(resp, contracts.Job)
 
     def interrupt(self, job_id: str) -> contracts.Job:
         """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (one not started is cancelled)."""
@@ -302,15 +403,28 @@ class Connection:
         return self._parse(resp, contracts.EventList).events
 
     def logs(
-        self, job_id: str, offset: int = 0, wait: float = 0, limit: int | None = None
+        self,
+        job_id: str,
+        offset: int = 0,
+        wait: float = 0,
+        limit: int | None = None,
+        *,
+        retry: bool = False,
+        attempt: int | None = None,
     ) -> contracts.LogPage:
-        """``GET jobs/{id}/logs``: lines from ``offset``; with ``wait`` a long poll."""
+        """``GET jobs/{id}/logs``: lines from ``offset``; with ``wait`` a long poll
+        (``retry``: ride through an outage, as follows do); with ``attempt`` only
+        that attempt's lines (offsets stay the job's)."""
         params: dict[str, str | int | float] = {"offset": offset}
         if wait:
             params["wait"] = wait
         if limit is not None:
             params["limit"] = limit
-        resp = self._request("GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204))
+        if attempt is not None:
+            params["attempt"] = attempt
+        resp = self._request(
+            "GET", f"jobs/{_seg(job_id)}/logs", params=params, expect=(200, 204), retry=retry
+        )
         if resp.status_code == 204:  # the hold ran out: nothing new yet
             return contracts.LogPage(lines=[], next_offset=offset, complete=False)
         return self._parse(resp, contracts.LogPage)
@@ -332,14 +446,19 @@ class Connection:
     #: The name this method had before issue 14 (kept so existing code still runs).
     metrics = training_metrics
 
-    def follow_logs(self, job_id: str, offset: int = 0) -> Iterator[contracts.LogLine]:
-        """Yield the job's log lines from ``offset`` as they arrive, each once.
+    def follow_logs(
+        self, job_id: str, offset: int = 0, *, attempt: int | None = None
+    ) -> Iterator[contracts.LogLine]:
+        """Yield the job's log lines from ``offset`` (only attempt ``attempt``'s when
+        given) as they arrive, each once.
 
-        Ends once the job has ended and every line has been yielded.
+        Ends once the job has ended and every line has been yielded. Rides through
+        a control-plane restart: it goes on from the next offset, so no line is
+        yielded twice or skipped.
         """
         wait = LONG_POLL_SECONDS
         while True:
-            page = self.logs(job_id, offset, wait=wait)
+            page = self.logs(job_id, offset, wait=wait, retry=True, attempt=attempt)
             for line in page.lines:
                 if line.offset >= offset:  # a page that overlaps the last one
                     offset = line.offset + 1
@@ -380,8 +499,9 @@ class Connection:
         return artifacts.download(self, job_id, dest_dir, names)
 
     def upload_blob(self, data: bytes) -> contracts.BlobRef:
-        """``POST blobs``: store raw bytes (a bundle) by sha256."""
-        resp = self._request("POST", "blobs", content=data, expect=(201, 200))
+        """``POST blobs``: store raw bytes (a bundle) by sha256 (retried through an
+        outage: storing the same bytes twice stores them once)."""
+        resp = self._request("POST", "blobs", content=data, expect=(201, 200), retry=True)
         return self._parse(resp, contracts.BlobRef)
 
     def placement(self, job_id: str) -> contracts.Placement:
@@ -421,6 +541,24 @@ class Connection:
     def workers(self) -> list[contracts.Worker]:
         """``GET workers``: every known worker with its devices and state."""
         return self._parse(self._request("GET", "workers"), contracts.WorkerList).workers
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for one logical submit (random, so never reused by accident)."""
+    return "gl-" + uuid.uuid4().hex
+
+
+def _keyed(key: str | None) -> dict[str, str]:
+    return {IDEMPOTENCY_HEADER: key if key is not None else new_idempotency_key()}
+
+
+def _gave_up(failure: errors.GpulayerError, seconds: float) -> errors.GpulayerError:
+    """``failure`` after retrying for ``seconds``: the same class, saying so."""
+    if seconds <= 0:
+        return failure
+    failure.message = f"{failure.message} (still failing after {seconds:.0f}s of retrying)"
+    failure.args = (failure.message,)
+    return failure
 
 
 def _seg(value: str) -> str:

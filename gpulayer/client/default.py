@@ -29,6 +29,7 @@ def connect(
     *,
     fingerprint: str | None = None,
     insecure: bool = False,
+    reconnect_seconds: float | None = None,
 ) -> Connection:
     """Connect to a control plane and make it the default for :func:`submit`.
 
@@ -43,6 +44,10 @@ def connect(
     insecure
         Send the token over ``http://`` to another machine all the same (clear text;
         also ``GPULAYER_INSECURE=1``). Loopback and ``https://`` need no opt-in.
+    reconnect_seconds
+        How long waits, log follows, function calls, maps and cells keep
+        reconnecting when the control plane goes away (a restart) before they
+        raise; default ``GPULAYER_RECONNECT_SECONDS`` or 120. 0: fail at once.
 
     Raises
     ------
@@ -55,7 +60,13 @@ def connect(
         If its TLS certificate is not the pinned one (nothing was sent).
     """
     cfg = config.resolve(url, token, fingerprint, insecure)
-    conn = Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint, insecure=cfg.insecure)
+    conn = Connection(
+        cfg.url,
+        cfg.token,
+        fingerprint=cfg.fingerprint,
+        insecure=cfg.insecure,
+        reconnect_seconds=reconnect_seconds,
+    )
     try:
         conn.health()
     except BaseException:

@@ -11,7 +11,7 @@ from gpulayer import bundle, contracts, errors
 from gpulayer.client import specs
 from gpulayer.client.connection import Connection
 from gpulayer.client.default import current_connection
-from gpulayer.client.logs import stored_lines
+from gpulayer.client.logs import stored_lines, with_attempt_marks
 
 
 class Job:
@@ -93,11 +93,25 @@ class Job:
         return failure_of(self.info)
 
     @overload
-    def logs(self, follow: Literal[False] = False) -> list[str]: ...
+    def logs(self, follow: Literal[False] = False, *, attempt: int | None = None) -> list[str]: ...
     @overload
-    def logs(self, follow: Literal[True]) -> Iterator[contracts.LogLine]: ...
-    def logs(self, follow: bool = False) -> list[str] | Iterator[contracts.LogLine]:
+    def logs(
+        self, follow: Literal[True], *, attempt: int | None = None
+    ) -> Iterator[contracts.LogLine]: ...
+    def logs(
+        self, follow: bool = False, *, attempt: int | None = None
+    ) -> list[str] | Iterator[contracts.LogLine]:
         """The job's output.
+
+        Parameters
+        ----------
+        follow
+            Follow the output until the job ends (riding through control-plane
+            restarts).
+        attempt
+            Only the lines of this attempt (1 is the first). Without it every
+            attempt's lines come in order, a marker line before each retry's
+            (``── attempt 2 on local-2 (attempt 1 lost: ...)``).
 
         Returns
         -------
@@ -106,9 +120,14 @@ class Job:
             ``follow``, an iterator of :class:`~gpulayer.contracts.LogLine` that
             yields lines as they arrive and ends when the job has ended.
         """
+        conn = self.connection
         if follow:
-            return self.connection.follow_logs(self.id)
-        return [line.text for line in stored_lines(self.connection, self.id)]
+            lines: Iterator[contracts.LogLine] = conn.follow_logs(self.id, attempt=attempt)
+        else:
+            lines = stored_lines(conn, self.id, attempt=attempt)
+        if attempt is None:
+            lines = with_attempt_marks(conn, self.id, lines)
+        return lines if follow else [line.text for line in lines]
 
     def metrics(self, after: int = 0) -> list[contracts.StoredMetricPoint]:
         """The training metric points stored so far (``{"train/loss": ...}`` per
@@ -221,12 +240,21 @@ def submit(
     ValidationError
         Before anything is sent, when an option is malformed; ``field`` names it.
     TypeError
-        For an unknown option.
+        For an unknown option, or a ``command`` that is neither a string nor a
+        sequence of strings.
 
     Examples
     --------
     >>> job = gl.submit(["python", "train.py"], gpus=1, timeout="2h", workdir=".")
     """
+    if not isinstance(command, str) and (
+        not isinstance(command, Sequence) or isinstance(command, bytes | bytearray)
+    ):
+        raise TypeError(
+            "gl.submit takes the command as a string (run with /bin/sh -c) or a list of"
+            f' strings (an argv, e.g. ["python", "train.py"]), not a {type(command).__name__};'
+            " to run a Python function remotely use @gl.remote"
+        )
     specs.check(options, _SUBMIT_OPTIONS, "gl.submit")
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
     spec = specs.job_spec(options, **program)

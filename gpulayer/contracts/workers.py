@@ -156,6 +156,12 @@ class Heartbeat(RequestModel):
         " heartbeat: a running task it does not list ends lost only if the answer that"
         " carried it is not newer (None: the older rule, a grace of 2 heartbeats)",
     )
+    log_lines: dict[TaskId, int] = Field(
+        default={},
+        max_length=MAX_TASKS,
+        description="per running task: the log lines it produced so far (when the task"
+        " is lost, the lines never delivered are recorded as a gap)",
+    )
 
 
 class HeartbeatReply(DocumentModel):

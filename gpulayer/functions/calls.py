@@ -104,7 +104,7 @@ class Call(Generic[R]):
     def follow(self) -> None:
         """Print lines live until the call ends."""
         _print_lines(self.connection.follow_logs(self.id))
-        self.info = self.connection.job(self.id)
+        self.info = self.connection.job(self.id, retry=True)
 
 
 def _print_lines(lines: Iterable[contracts.LogLine]) -> None:

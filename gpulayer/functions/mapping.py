@@ -63,6 +63,7 @@ class MapRun(Generic[R]):
         self._infos: dict[str, contracts.Job] = {}
         self._ready: dict[int, tuple[bool, Any]] = {}  # item index -> (ok, value or exception)
         self._order: list[int] = []  # item indexes in the order they finished
+        self._delivered: set[int] = set()  # item indexes handed to the caller
         self._yielded = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -99,6 +100,7 @@ class MapRun(Generic[R]):
             self.close()
             raise
         ok, value = self._ready.pop(index)
+        self._delivered.add(index)
         self._yielded += 1
         if self._yielded >= len(self._items):
             self.close()
@@ -116,7 +118,7 @@ class MapRun(Generic[R]):
         self._progress.close()
         for job_id in list(self._pending):
             with contextlib.suppress(errors.InvalidTransition, errors.NotFound):
-                self._conn.cancel(job_id)
+                self._conn.cancel(job_id, retry=True)  # through an outage too
         self._pending.clear()
 
     def _next_index(self) -> int:
@@ -134,6 +136,8 @@ class MapRun(Generic[R]):
             raise RuntimeError("map: nothing is running, but results are missing")
         ended = self._conn.wait_any(list(self._pending), timeout=30.0)
         for info in ended:
+            if info.id not in self._pending:
+                continue  # answered twice (a wait repeated after an outage): taken already
             chunk = self._chunks[self._pending.pop(info.id)]
             self._infos[info.id] = info
             try:
@@ -143,6 +147,8 @@ class MapRun(Generic[R]):
             else:
                 failure = failure_of(info)
             for k, index in enumerate(chunk):
+                if index in self._ready or index in self._delivered:
+                    continue  # never two results for one item
                 if k < len(got):
                     o = got[k]
                     entry = (

@@ -76,6 +76,7 @@ class AgentConfig:
     runner_max_calls: int = 1000  # calls before a function runner is replaced
     address: str | None = None  # where other workers reach this one (gang rendezvous)
     insecure: bool = False  # allow tokens over http:// to a host that is not this machine
+    first_registration_seconds: float = 60.0  # give up on an unreachable URL (0: never)
 
 
 class Agent:
@@ -139,7 +140,7 @@ class Agent:
         """Register, then heartbeat and acquire until cancelled."""
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
-        await self._uplink.register()
+        await self._first_registration()
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop(), self._lease_loop())
 
     async def shutdown(self) -> None:
@@ -154,6 +155,19 @@ class Agent:
         await self._kernels.close()
 
     # ---------------------------------------------------------- registration
+
+    async def _first_registration(self) -> None:
+        """Register, giving up on a control plane that never answers within
+        ``first_registration_seconds`` (a wrong URL); later outages are waited out."""
+        limit = self.config.first_registration_seconds
+        try:
+            await asyncio.wait_for(self._uplink.register(), limit if limit > 0 else None)
+        except TimeoutError:
+            raise ConfigError(
+                f"cannot register with the control plane at {self.config.url}: no answer"
+                f" within {limit:g}s; check the URL and that the control plane is up"
+                " (--register-timeout waits longer)"
+            ) from None
 
     def _registration(self) -> c.WorkerRegistration:
         vm = psutil.virtual_memory()
@@ -173,7 +187,10 @@ class Agent:
                 address=self.config.address or advertise_address(self.config.url),
             )
         except pydantic.ValidationError as e:
-            raise ConfigError(f"cannot register this worker: {e}") from e
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'worker'}: {err['msg']}" for err in e.errors()
+            )
+            raise ConfigError(f"cannot register this worker: {problems}") from e
 
     def _registered(self, reg: c.Registered, took: float) -> None:
         self._register_again = False
@@ -229,6 +246,7 @@ class Agent:
             memory_used_bytes=vm.total - vm.available,
             gpus=self._gpu_telemetry.sample(),
             tasks=[self._trees.sample(task_id, pid) for pid, task_id in pids.items()],
+            log_lines={t.id: t.logs.produced for t in self._tasks.values()},
         )
         self._trees.forget(set(pids))
         try:

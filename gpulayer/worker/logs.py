@@ -46,6 +46,12 @@ class LogShipper:
         self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
 
+    @property
+    def produced(self) -> int:
+        """Lines queued so far, shipped or not (heartbeats report it, so the control
+        plane can say how many were lost with a dead worker)."""
+        return self._first_seq + len(self._unacked)
+
     def add(self, stream: c.LogStream, text: str, ts: datetime, rank: int | None = None) -> None:
         """Queue one line (the :data:`~gpulayer.worker.runs.LineCallback`); ``rank``
         is the global rank of a gang's process that wrote it."""

@@ -1,5 +1,6 @@
 """``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt."""
 
+import re
 from urllib.parse import quote
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -15,12 +16,28 @@ from gpulayer.contracts import (
     JobState,
     WaitAny,
 )
-from gpulayer.errors import ValidationError
+from gpulayer.errors import NotFound, ValidationError
 
 from ..auth import requires
 from .base import GpulayerAPIHandler
 
 READ = ("viewer", "submitter")
+#: The header a client repeats a submit with (docs/adr/0085): printable ASCII.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+def idempotency_key(handler: GpulayerAPIHandler) -> str | None:
+    """The request's ``Idempotency-Key``, or None; 400 when it is malformed."""
+    raw = handler.request.headers.get(IDEMPOTENCY_HEADER)
+    if raw is None:
+        return None
+    if not _KEY.fullmatch(raw):
+        raise ValidationError(
+            f"{IDEMPOTENCY_HEADER} must be 1 to 200 printable ASCII characters without spaces",
+            field=IDEMPOTENCY_HEADER,
+        )
+    return raw
 
 
 class JobsHandler(GpulayerAPIHandler):
@@ -48,14 +65,22 @@ class JobsHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Submit a ``JobSpec``; 201 with the job and its ``Location``. With ``wait=S``
         the answer waits up to S seconds for the job to end (a quick function call
-        then costs one request)."""
+        then costs one request). With an ``Idempotency-Key`` a repeat answers the
+        job the first request stored (200), a different spec with that key 409."""
         spec = self.parse(JobSpec)
         hold = self.wait_arg()
-        job = await self.gl.jobs.submit(spec, self.who.name, self.who)
+        key = idempotency_key(self)
+        got = await self.gl.jobs.submit_once([spec], self.who.name, self.who, key=key)
+        if not got.jobs:
+            raise NotFound(f"the job {IDEMPOTENCY_HEADER} {key!r} created no longer exists")
+        job = got.jobs[0]
         if hold > 0 and job.state not in TERMINAL_STATES:
             ended = await self.long_poll(self.gl.jobs.wait(job.id, hold))
             job = ended or job
-        self.created(job, job.id)
+        if got.replayed:
+            self.reply(job)
+        else:
+            self.created(job, job.id)
 
 
 class JobBatchHandler(GpulayerAPIHandler):
@@ -64,10 +89,12 @@ class JobBatchHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("submitter")
     async def post(self) -> None:
-        """Submit every spec of a ``JobBatch`` (all or none); 201 with the jobs."""
+        """Submit every spec of a ``JobBatch`` (all or none); 201 with the jobs. One
+        ``Idempotency-Key`` covers the whole batch: a repeat answers its jobs (200)."""
         batch = self.parse(JobBatch)
-        jobs = await self.gl.jobs.submit_many(batch.jobs, self.who.name, self.who)
-        self.reply(JobList(jobs=jobs), 201)
+        key = idempotency_key(self)
+        got = await self.gl.jobs.submit_once(batch.jobs, self.who.name, self.who, key=key)
+        self.reply(JobList(jobs=got.jobs), 200 if got.replayed else 201)
 
 
 class JobsWaitHandler(GpulayerAPIHandler):
@@ -146,17 +173,21 @@ class JobEventsHandler(GpulayerAPIHandler):
 
 
 class JobLogsHandler(GpulayerAPIHandler):
-    """``GET jobs/{id}/logs?offset=&limit=&wait=``."""
+    """``GET jobs/{id}/logs?offset=&limit=&wait=&attempt=``."""
 
     @allow_unauthenticated
     @requires(*READ)
     async def get(self, job_id: str) -> None:
-        """Lines from ``offset``; with ``wait`` a long poll for the next ones."""
+        """Lines from ``offset``; with ``wait`` a long poll for the next ones; with
+        ``attempt`` only that attempt's lines (offsets stay the job's)."""
         await self.gl.jobs.visible(job_id, self.who)
         offset = self.int_arg("offset", 0, 0, 2**62)
         limit = self.int_arg("limit", 1000, 1, 10000)
         wait = self.wait_arg()
-        page = await self.long_poll(self.gl.jobs.logs(job_id, offset, limit, wait, self.who))
+        attempt = self.int_arg("attempt", 0, 1, 1_000_000) or None
+        page = await self.long_poll(
+            self.gl.jobs.logs(job_id, offset, limit, wait, self.who, attempt)
+        )
         if page is not None:
             self.reply(page)
 

@@ -10,6 +10,7 @@ from .records import (
     ArtifactRecord,
     EventRecord,
     Hold,
+    IdempotencyRecord,
     JobRecord,
     ResultRecord,
     TaskRecord,
@@ -205,3 +206,15 @@ class JobQueries(Database):
         sql = "SELECT * FROM artifacts WHERE job_id = ? AND name = ?"
         row = await self._one(sql, (job_id, name))
         return None if row is None else ArtifactRecord.from_row(row)
+
+    # ------------------------------------------------------ idempotency keys
+
+    async def idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None:
+        """What ``owner``'s submit with ``key`` created (expired records included)."""
+        sql = "SELECT * FROM idempotency_keys WHERE owner = ? AND key = ?"
+        row = await self._one(sql, (owner, key))
+        return None if row is None else IdempotencyRecord.from_row(row)
+
+    async def prune_idempotency_keys(self, before: float) -> None:
+        """Forget idempotency keys recorded before ``before``."""
+        await self._write([("DELETE FROM idempotency_keys WHERE created_at < ?", (before,))])

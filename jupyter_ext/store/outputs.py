@@ -67,8 +67,13 @@ class OutputQueries(Database):
         async with self._tx:
             return await self._in_thread(run)
 
-    async def log_page(self, job_id: str, offset: int, limit: int) -> LogPage:
-        """Lines of a job from ``offset``, and whether the job's output is complete."""
+    async def log_page(
+        self, job_id: str, offset: int, limit: int, attempt: int | None = None
+    ) -> LogPage:
+        """Lines of a job from ``offset`` (only attempt ``attempt``'s when given), and
+        whether the job's output is complete."""
+        if attempt is not None:
+            return await self._attempt_page(job_id, offset, limit, attempt)
         rows = await self._all(
             "SELECT * FROM logs WHERE job_id = ? AND offset >= ? ORDER BY offset LIMIT ?",
             (job_id, offset, limit),
@@ -76,19 +81,23 @@ class OutputQueries(Database):
         job = await self._one("SELECT state, log_count FROM jobs WHERE id = ?", (job_id,))
         assert job is not None
         nxt = offset + len(rows)
-        lines = [
-            LogLine(
-                offset=r["offset"],
-                stream=r["stream"],
-                ts=as_datetime(r["ts"]),
-                text=r["text"],
-                task_id=r["task_id"],
-                rank=r["rank"],
-            )
-            for r in rows
-        ]
         complete = job["state"] in TERMINAL_STATES and nxt >= job["log_count"]
-        return LogPage(lines=lines, next_offset=nxt, complete=complete)
+        return LogPage(lines=_lines(rows), next_offset=nxt, complete=complete)
+
+    async def _attempt_page(self, job_id: str, offset: int, limit: int, attempt: int) -> LogPage:
+        """The lines of one attempt's tasks from ``offset``: offsets stay the job's, so
+        ``next_offset`` skips the other attempts' lines."""
+        job = await self._one("SELECT state, log_count FROM jobs WHERE id = ?", (job_id,))
+        assert job is not None
+        count = int(job["log_count"])
+        rows = await self._all(
+            "SELECT * FROM logs WHERE job_id = ? AND offset >= ? AND offset < ? AND task_id IN"
+            " (SELECT id FROM tasks WHERE job_id = ? AND attempt = ?) ORDER BY offset LIMIT ?",
+            (job_id, offset, count, job_id, attempt, limit),
+        )
+        nxt = rows[-1]["offset"] + 1 if len(rows) == limit else max(offset, count)
+        complete = job["state"] in TERMINAL_STATES and nxt >= count
+        return LogPage(lines=_lines(rows), next_offset=nxt, complete=complete)
 
     async def append_metrics(
         self, task_id: str, job_id: str, first_seq: int, points: Sequence[tuple[Any, ...]]
@@ -153,3 +162,17 @@ def _within(
         kept.append(line)
         used += size
     return kept, used
+
+
+def _lines(rows: Sequence[sqlite3.Row]) -> list[LogLine]:
+    return [
+        LogLine(
+            offset=r["offset"],
+            stream=r["stream"],
+            ts=as_datetime(r["ts"]),
+            text=r["text"],
+            task_id=r["task_id"],
+            rank=r["rank"],
+        )
+        for r in rows
+    ]

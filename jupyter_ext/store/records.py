@@ -346,3 +346,21 @@ class MetricRecord:
             r["job_id"], r["seq"], r["task_id"], r["rank"], r["step"], r["epoch"], r["ts"],
             r["metrics"],
         )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """An ``idempotency_keys`` row: the jobs one owner's submit with ``key`` created,
+    and the ``digest`` of that request's specs."""
+
+    owner: str
+    key: str
+    digest: str
+    job_ids: tuple[str, ...]
+    created_at: float
+
+    @classmethod
+    def from_row(cls, r: sqlite3.Row) -> "IdempotencyRecord":
+        """Read an ``idempotency_keys`` row."""
+        ids = tuple(json.loads(r["job_ids"]))
+        return cls(r["owner"], r["key"], r["digest"], ids, r["created_at"])

@@ -156,9 +156,24 @@ _SCHEMA_V8 = """
 ALTER TABLE jobs ADD COLUMN log_bytes INTEGER NOT NULL DEFAULT 0;
 """
 
+# v9: idempotency keys of submits (docs/adr/0085): which jobs a key created, per owner,
+# and a digest of the request, so a repeat answers the same jobs and a different body
+# with the same key is refused.
+_SCHEMA_V9 = """
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    owner       TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    job_ids     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    PRIMARY KEY (owner, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8,
+    _SCHEMA_V8, _SCHEMA_V9,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

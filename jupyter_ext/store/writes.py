@@ -141,3 +141,27 @@ def revoke_task_tokens(task_id: str, now: float) -> Statement:
     """Revoke the token of a task that ends (nothing when it has none)."""
     sql = "UPDATE tokens SET revoked_at = ? WHERE task_id = ? AND revoked_at IS NULL"
     return sql, (now, task_id)
+
+
+def insert_idempotency_key(
+    owner: str, key: str, digest: str, job_ids: Sequence[str], now: float, expired_before: float
+) -> list[Statement]:
+    """Remember that ``owner``'s submit with ``key`` created ``job_ids`` (replacing an
+    expired record of the key; a live one makes the insert a conflict)."""
+    row = {
+        "owner": owner, "key": key, "digest": digest, "job_ids": list(job_ids), "created_at": now,
+    }  # fmt: skip
+    forget = "DELETE FROM idempotency_keys WHERE owner = ? AND key = ? AND created_at < ?"
+    return [(forget, (owner, key, expired_before)), insert("idempotency_keys", row)]
+
+
+def append_system_line(job_id: str, task_id: str, ts: float, text: str) -> list[Statement]:
+    """A ``system`` log line of the control plane's own, after the job's last line."""
+    return [
+        (
+            "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+            " SELECT id, log_count, ?, 'system', ?, ?, NULL FROM jobs WHERE id = ?",
+            (task_id, ts, text, job_id),
+        ),
+        ("UPDATE jobs SET log_count = log_count + 1 WHERE id = ?", (job_id,)),
+    ]

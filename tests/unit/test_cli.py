@@ -252,3 +252,46 @@ def test_join_says_where_a_token_goes_and_warns_about_one_in_argv(
     assert cli.main(["join", REMOTE_HTTP, "--token", "gl_t"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert "visible to other users" in err[0] and "clear text" in err[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["join", "http://127.0.0.1:9", "--token", "t", "--slots", "0"], "--slots: 0 is out of"),
+        (["join", "http://127.0.0.1:9", "--token", "t", "--warm-runners", "-1"], "--warm-runners"),
+        (["join", "http://127.0.0.1:9", "--token", "t", "--runner-max-calls", "0"], "max-calls"),
+        (["join", "http://127.0.0.1:9", "--token", "t", "--register-timeout", "x"], "not a number"),
+        (["up", "--slots", "0"], "--slots: 0 is out of range; give an integer >= 1"),
+        (["up", "--local-workers", "-1"], "--local-workers"),
+        (["up", "--port", "99999"], "from 1 to 65535"),
+        (["jobs", "--limit", "0"], "--limit"),
+        (["logs", "j1", "--rank", "-1"], "--rank"),
+        (["submit", "--gpus", "-1", "--", "true"], "resources.gpus"),
+        (["submit", "--nodes", "0", "--", "true"], "nodes"),
+        (["submit", "--priority", "x", "--", "true"], "--priority"),
+        (["token", "create", "x", "--role", "admin", "--expires", "soon"], "expires:"),
+        (["token", "create", "x", "--role", "admin", "--single-use"], "single-use"),
+    ],
+)
+def test_every_bad_flag_is_one_error_line_exit_2(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["--url", "http://127.0.0.1:9", "--token", "t", *argv])
+    assert code == 2
+    assert words in one_error_line(capsys)
+
+
+def test_join_gives_up_on_an_unreachable_first_registration(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/"
+    code = cli.main(["join", url, "--token", "gl_join", "--name", "w", "--warm-runners", "0",
+                     "--data-dir", str(tmp_path), "--register-timeout", "1"])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("gpulayer: error: ")]
+    assert errors == [
+        f"gpulayer: error: cannot register with the control plane at {url}: no answer within"
+        " 1s; check the URL and that the control plane is up (--register-timeout waits longer)"
+    ]
+    assert "Traceback" not in err

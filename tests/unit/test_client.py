@@ -330,3 +330,142 @@ def test_the_clear_text_opt_in_comes_from_the_environment_or_the_saved_file(
     config.save(config.ConnectionConfig(url="http://10.0.0.7/", token="gl_f", insecure=True))
     assert config.resolve().insecure
     assert not config.resolve("http://10.0.0.8/", "gl_x").insecure  # only for that URL
+
+
+# ------------------------------------------------- outages: retries, idempotency keys
+
+
+def refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+def dropped(request: httpx.Request) -> httpx.Response:
+    raise httpx.RemoteProtocolError("server disconnected", request=request)
+
+
+def gateway(status: int) -> httpx.Response:
+    return httpx.Response(status, json={"code": "error", "message": "starting"})
+
+
+def test_a_submit_is_retried_through_an_outage_with_one_idempotency_key() -> None:
+    rec = Recorder(
+        answer(contracts.Health(version="1")),
+        dropped,  # stored or not: the client cannot know
+        refused,
+        gateway(503),
+        answer(job_model(), 200),  # the control plane had stored it: the same job
+    )
+    with client.Connection(
+        URL, "t", transport=httpx.MockTransport(rec), reconnect_seconds=30
+    ) as conn:
+        conn.health()
+        assert conn.submit(contracts.JobSpec(command=["true"])).id == "j1"
+    keys = {r.headers["Idempotency-Key"] for r in rec.requests[1:]}
+    assert len(rec.requests) == 5 and len(keys) == 1
+    assert keys.pop().startswith("gl-")
+    assert all(r.content == rec.requests[1].content for r in rec.requests[1:])
+
+
+def test_each_logical_submit_gets_its_own_key_and_a_given_key_is_sent() -> None:
+    rec = Recorder(answer(job_model(), 201), answer(job_model(), 201),
+                   answer(contracts.JobList(jobs=[]), 201))  # fmt: skip
+    with rec.connection() as conn:
+        conn.submit(contracts.JobSpec(command=["true"]))
+        conn.submit(contracts.JobSpec(command=["true"]), idempotency_key="mine")
+        conn.submit_many([contracts.JobSpec(command=["true"])])
+    first, second, third = (r.headers["Idempotency-Key"] for r in rec.requests)
+    assert second == "mine" and len({first, second, third}) == 3
+
+
+def test_a_connection_that_never_reached_its_control_plane_fails_at_once() -> None:
+    rec = Recorder(refused)
+    with (
+        client.Connection(
+            URL, "t", transport=httpx.MockTransport(rec), reconnect_seconds=30
+        ) as conn,
+        pytest.raises(errors.ConnectionFailed, match="cannot reach"),
+    ):
+        conn.submit(contracts.JobSpec(command=["true"]))
+    assert len(rec.requests) == 1
+
+
+def test_waits_retry_but_plain_reads_and_client_errors_do_not() -> None:
+    rec = Recorder(
+        answer(contracts.Health(version="1")),
+        refused,
+        gateway(502),
+        answer(job_model("succeeded")),  # the wait, after the outage
+        refused,  # a plain read: raised at once
+        httpx.Response(400, json={"code": "invalid", "message": "bad", "field": "x"}),
+    )
+    with client.Connection(
+        URL, "t", transport=httpx.MockTransport(rec), reconnect_seconds=30
+    ) as conn:
+        conn.health()
+        assert conn.wait("j1").state == "succeeded"
+        with pytest.raises(errors.ConnectionFailed):
+            conn.job("j1")
+        with pytest.raises(errors.ValidationError):
+            conn.wait("j1")
+    assert len(rec.requests) == 6
+
+
+def test_an_outage_longer_than_reconnect_seconds_raises_saying_so() -> None:
+    rec = Recorder(answer(contracts.Health(version="1")), *[refused] * 100)
+    with client.Connection(
+        URL, "t", transport=httpx.MockTransport(rec), reconnect_seconds=0.5
+    ) as conn:
+        conn.health()
+        with pytest.raises(errors.ConnectionFailed, match=r"still failing after \d+s"):
+            conn.wait("j1")
+    assert 2 < len(rec.requests) < 20  # backoff, not a busy loop
+
+
+def test_follow_logs_resumes_from_its_offset_after_an_outage() -> None:
+    page1 = contracts.LogPage(lines=[line(0, "a"), line(1, "b")], next_offset=2, complete=False)
+    page2 = contracts.LogPage(lines=[line(2, "c")], next_offset=3, complete=True)
+    done = contracts.LogPage(lines=[], next_offset=3, complete=True)
+    rec = Recorder(answer(page1), dropped, refused, answer(page2), answer(done))
+    with client.Connection(
+        URL, "t", transport=httpx.MockTransport(rec), reconnect_seconds=30
+    ) as conn:
+        assert [ln.text for ln in conn.follow_logs("j1")] == ["a", "b", "c"]
+    offsets = [r.url.params["offset"] for r in rec.requests]
+    assert offsets == ["0", "2", "2", "2", "3"]
+
+
+def test_reconnect_seconds_comes_from_the_argument_or_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("GPULAYER_RECONNECT_SECONDS", raising=False)
+    assert client.Connection(URL, "t", insecure=True).reconnect_seconds == 120
+    monkeypatch.setenv("GPULAYER_RECONNECT_SECONDS", "7.5")
+    assert client.Connection(URL, "t", insecure=True).reconnect_seconds == 7.5
+    assert client.Connection(URL, "t", insecure=True, reconnect_seconds=0).reconnect_seconds == 0
+    monkeypatch.setenv("GPULAYER_RECONNECT_SECONDS", "soon")
+    with pytest.raises(errors.ConfigError, match="GPULAYER_RECONNECT_SECONDS='soon'"):
+        client.Connection(URL, "t", insecure=True)
+    with pytest.raises(errors.ConfigError, match="reconnect_seconds must be"):
+        client.Connection(URL, "t", insecure=True, reconnect_seconds=-1)
+
+
+def test_an_empty_gpulayer_token_is_an_error_not_the_saved_admin_token(
+    monkeypatch, tmp_path
+) -> None:
+    saved = tmp_path / "connection.json"
+    config.save(config.ConnectionConfig(url=URL, token="gl_admin"), saved)
+    monkeypatch.setenv("GPULAYER_CONFIG", str(saved))
+    monkeypatch.setenv("GPULAYER_URL", URL)
+    monkeypatch.setenv("GPULAYER_TOKEN", "")
+    with pytest.raises(errors.ConfigError, match="GPULAYER_TOKEN is set but empty"):
+        config.resolve()
+    assert config.resolve(token="gl_given").token == "gl_given"  # an explicit one still wins
+    monkeypatch.delenv("GPULAYER_TOKEN")
+    assert config.resolve().token == "gl_admin"
+
+
+@pytest.mark.parametrize("command", [123, None, b"echo hi", 1.5])
+def test_submit_of_something_not_a_command_says_what_it_takes(command: object) -> None:
+    rec = Recorder()
+    with pytest.raises(TypeError, match=r"a string .* or a list of\s+strings") as e:
+        client.submit(command, connection=rec.connection())  # type: ignore[arg-type]
+    assert type(command).__name__ in str(e.value)
+    assert rec.requests == []  # nothing was sent

@@ -1,0 +1,122 @@
+"""Logs per attempt: ``attempt=`` pages, and the gap a dead worker's undelivered
+lines leave (on the services with an injected clock; tests/integration/
+test_attempts.py runs the same with real workers)."""
+
+import contextlib
+from datetime import UTC, datetime
+
+import pytest
+
+from gpulayer.contracts import Heartbeat, JobSpec, LogBatch, LogEntry, WorkerRegistration
+from jupyter_ext.artifacts import BlobStore
+from jupyter_ext.auth import Principal, TokenService
+from jupyter_ext.control_plane import ControlPlane
+from jupyter_ext.store import Store
+from jupyter_ext.streams import Notifier
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def plane(tmp_path):
+    @contextlib.asynccontextmanager
+    async def make():
+        clock = Clock()
+        store = await Store(tmp_path / "gl.db").open()
+        try:
+            yield ControlPlane(store, BlobStore(tmp_path / "blobs"), Notifier(),
+                               TokenService(store, clock), heartbeat_seconds=1.0,
+                               lease_seconds=10.0, clock=clock), clock  # fmt: skip
+        finally:
+            await store.close()
+
+    return make
+
+
+def reg(name: str) -> WorkerRegistration:
+    return WorkerRegistration(name=name, hostname=name, cpus=4, memory_bytes=16 << 30,
+                              slots=1, version="t")  # fmt: skip
+
+
+async def ship(cp: ControlPlane, worker_id: str, task_id: str, seq: int, *texts: str) -> None:
+    lines = [LogEntry(stream="stdout", ts=datetime.now(UTC), text=t) for t in texts]
+    who = Principal(name="w", role="worker", worker_id=worker_id)
+    await cp.tasks.append_logs(who, task_id, LogBatch(seq=seq, lines=lines))
+
+
+async def lose(cp: ControlPlane, clock: Clock, worker_id: str, task_id: str, produced: int):
+    """The worker's last heartbeat says ``produced`` lines; then it goes silent."""
+    await cp.workers.heartbeat(
+        worker_id, Heartbeat(running_tasks=[task_id], log_lines={task_id: produced})
+    )
+    clock.now += 11  # past the lease
+    await cp.leases.sweep()
+
+
+async def test_a_dead_workers_undelivered_lines_are_a_recorded_gap(plane):
+    async with plane() as (cp, clock):
+        one = await cp.workers.register(reg("one"))
+        job = await cp.jobs.submit(JobSpec(command=["true"], retries=1), "u")
+        first = (await cp.workers.acquire(one.worker_id, 0)).assignments[0]
+        await ship(cp, one.worker_id, first.task_id, 0, "a", "b")
+        await lose(cp, clock, one.worker_id, first.task_id, produced=5)
+
+        two = await cp.workers.register(reg("two"))
+        second = (await cp.workers.acquire(two.worker_id, 0)).assignments[0]
+        await ship(cp, two.worker_id, second.task_id, 0, "c")
+
+        page = await cp.jobs.logs(job.id, 0, 100, 0)
+        assert [ln.text for ln in page.lines] == [
+            "a", "b",
+            "── 3 lines of attempt 1 lost when one died (produced, never delivered)",
+            "c",
+        ]  # fmt: skip
+        gap = page.lines[2]
+        assert gap.stream == "system" and gap.task_id == first.task_id
+
+        one_page = await cp.jobs.logs(job.id, 0, 100, 0, attempt=1)
+        assert [ln.text for ln in one_page.lines] == [ln.text for ln in page.lines[:3]]
+        two_page = await cp.jobs.logs(job.id, 0, 100, 0, attempt=2)
+        assert [(ln.offset, ln.text) for ln in two_page.lines] == [(3, "c")]
+        assert two_page.next_offset == 4 and not two_page.complete
+
+
+async def test_no_gap_when_every_line_arrived_or_nothing_was_reported(plane):
+    async with plane() as (cp, clock):
+        one = await cp.workers.register(reg("one"))
+        job = await cp.jobs.submit(JobSpec(command=["true"]), "u")
+        task = (await cp.workers.acquire(one.worker_id, 0)).assignments[0]
+        await ship(cp, one.worker_id, task.task_id, 0, "a", "b")
+        await lose(cp, clock, one.worker_id, task.task_id, produced=2)
+        page = await cp.jobs.logs(job.id, 0, 100, 0)
+        assert [ln.text for ln in page.lines] == ["a", "b"] and page.complete
+
+
+async def test_attempt_pages_walk_past_the_other_attempts_lines(plane):
+    async with plane() as (cp, clock):
+        one = await cp.workers.register(reg("one"))
+        job = await cp.jobs.submit(JobSpec(command=["true"], retries=1), "u")
+        first = (await cp.workers.acquire(one.worker_id, 0)).assignments[0]
+        await ship(cp, one.worker_id, first.task_id, 0, *[f"one {i}" for i in range(5)])
+        await lose(cp, clock, one.worker_id, first.task_id, produced=5)
+        two = await cp.workers.register(reg("two"))
+        second = (await cp.workers.acquire(two.worker_id, 0)).assignments[0]
+        await ship(cp, two.worker_id, second.task_id, 0, *[f"two {i}" for i in range(3)])
+
+        seen, offset = [], 0
+        while True:  # two lines a page, as a client pages
+            page = await cp.jobs.logs(job.id, offset, 2, 0, attempt=2)
+            seen += [ln.text for ln in page.lines]
+            if not page.lines:
+                break
+            offset = page.next_offset
+        assert seen == ["two 0", "two 1", "two 2"]
+        first_page = await cp.jobs.logs(job.id, 0, 2, 0, attempt=1)
+        assert [ln.text for ln in first_page.lines] == ["one 0", "one 1"]
+        assert first_page.next_offset == 2
