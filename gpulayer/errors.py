@@ -15,6 +15,9 @@ the client turns the body back into the same class::
     ├── Conflict               the request does not fit the state      (409)
     │   └── InvalidTransition  e.g. cancel a job that already ended
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
+    ├── StorageError           the control plane cannot write its disk (503)
+    │   └── StorageFull        ... because it is full or over quota    (507)
+    ├── TransferError          a download or upload arrived corrupt or cut short
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
     │       └── CertificateMismatch  its TLS certificate is not the pinned one
@@ -22,6 +25,8 @@ the client turns the body back into the same class::
         └── RemoteError        a remote function raised what cannot be re-raised here
 """
 
+import errno
+import os
 from typing import ClassVar
 
 
@@ -101,6 +106,27 @@ class PayloadTooLarge(GpulayerError):
     """A body, bundle or artifact is over its configured limit."""
 
     code = "too_large"
+
+
+class StorageError(GpulayerError):
+    """The control plane cannot store what it was sent: its disk or database is
+    read-only or failing (503). Nothing of the request was stored; retry later."""
+
+    code = "storage_unavailable"
+
+
+class StorageFull(StorageError):
+    """The control plane's disk is full or over its quota (507); nothing of the
+    request was stored, and it works again once space is freed."""
+
+    code = "storage_full"
+
+
+class TransferError(GpulayerError):
+    """A download or upload did not arrive whole: its size or sha256 is not what
+    was announced (nothing was written in its place)."""
+
+    code = "transfer_failed"
 
 
 class ApiError(GpulayerError):
@@ -226,8 +252,30 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         Conflict,
         InvalidTransition,
         PayloadTooLarge,
+        StorageError,
+        StorageFull,
+        TransferError,
     )
 }
+
+#: ``errno`` values that mean "no space left": answered 507.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_error(exc: OSError, where: "str | os.PathLike[str]") -> StorageError | None:
+    """The :class:`StorageError` a failed write of the control plane's storage at
+    ``where`` stands for (None for an ``OSError`` that is not about the storage,
+    e.g. a missing file): full or over quota → :class:`StorageFull` (507),
+    read-only or any other I/O failure → :class:`StorageError` (503)."""
+    path = os.fspath(where)
+    if exc.errno in _FULL:
+        what = "disk quota is exceeded" if exc.errno == errno.EDQUOT else "disk is full"
+        return StorageFull(f"the control plane's {what} ({path}); free space there and retry")
+    if exc.errno == errno.EROFS:
+        return StorageError(f"the control plane's storage is read-only ({path}); retry later")
+    if exc.errno in (errno.EIO, errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE):
+        return StorageError(f"the control plane cannot write its storage ({path}): {exc.strerror}")
+    return None
 
 
 def error_for_code(code: str) -> type[GpulayerError] | None:

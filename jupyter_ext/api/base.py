@@ -9,7 +9,6 @@ token or Jupyter identity, see ``auth.py``), body limits, parsing, the error map
 
 import asyncio
 import json
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -20,7 +19,15 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client import CollectorRegistry
 from tornado import web
 
-from gpulayer.errors import AuthError, GpulayerError, PayloadTooLarge, RateLimited, ValidationError
+from gpulayer.errors import (
+    AuthError,
+    GpulayerError,
+    PayloadTooLarge,
+    RateLimited,
+    StorageError,
+    ValidationError,
+    storage_error,
+)
 
 from ..auth import Principal, bearer_token
 from ..control_plane import ControlPlane
@@ -263,10 +270,14 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
     # ----------------------------------------------------------- errors
 
     def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, OSError) and (storage := storage_error(e, e.filename or "data_dir")):
+            e = storage.with_traceback(e.__traceback__)  # a full or read-only disk: 507/503
+        if isinstance(e, StorageError):  # the operator's problem: say so in the server log
+            self.log.warning("%s %s refused: %s", self.request.method, self.request.path, e)
         if isinstance(e, GpulayerError):
             if self._finished:
                 return
-            self.send_error(status_of(e), exc_info=sys.exc_info())
+            self.send_error(status_of(e), exc_info=(type(e), e, e.__traceback__))
             return
         super()._handle_request_exception(e)
 

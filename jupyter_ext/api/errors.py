@@ -17,6 +17,8 @@ from gpulayer.errors import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    StorageError,
+    StorageFull,
     ValidationError,
 )
 
@@ -29,6 +31,8 @@ STATUS: dict[type[GpulayerError], int] = {
     Conflict: 409,
     InvalidTransition: 409,
     PayloadTooLarge: 413,
+    StorageFull: 507,
+    StorageError: 503,
 }
 _CODE_BY_STATUS = {
     400: "invalid",
@@ -39,6 +43,8 @@ _CODE_BY_STATUS = {
     409: "conflict",
     413: "too_large",
     429: "rate_limited",
+    503: "unavailable",
+    507: "storage_full",
 }
 
 
