@@ -10,6 +10,7 @@ refused too, and so is a bundle that would unpack to too many files or bytes (a
 decompression bomb), all before anything is written.
 """
 
+import gzip
 import io
 import os
 import tarfile
@@ -106,7 +107,11 @@ def pack_into(
         )
 
     out = _Bounded(sink, limit, too_large)
-    with tarfile.open(fileobj=out, mode="w:gz", compresslevel=6) as tar:  # type: ignore[call-overload]  # a write-only file object is enough
+    # mtime=0: the same files pack to the same bytes, so a bundle is stored once.
+    with (
+        gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         for name, path, _ in files:
             tar.add(path, arcname=name, recursive=False)
 

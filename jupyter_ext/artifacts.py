@@ -19,7 +19,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,9 +101,18 @@ class BlobStore:
 
     # ------------------------------------------------------ garbage collection
 
-    def entries(self) -> list[BlobEntry]:
-        """Every stored blob (blocking: call it in a thread)."""
+    def entries(self, among: Iterable[str] | None = None) -> list[BlobEntry]:
+        """Every stored blob, or those ``among`` these hashes (blocking: call it in a
+        thread)."""
         found = []
+        if among is not None:
+            for sha in among:
+                try:
+                    st = self.path(sha).stat()
+                except (FileNotFoundError, ValueError):
+                    continue
+                found.append(BlobEntry(sha, st.st_size, st.st_mtime))
+            return found
         for prefix in os.scandir(self.root):
             if not (prefix.is_dir() and _PREFIX.fullmatch(prefix.name)):
                 continue

@@ -289,6 +289,17 @@ class Connection:
         """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended."""
         return self._parse(self._request("POST", f"jobs/{_seg(job_id)}/cancel"), contracts.Job)
 
+    def delete_job(self, job_id: str) -> None:
+        """``DELETE jobs/{id}``: delete a finished job with its logs, metrics and
+        artifacts; raises ``Conflict`` while it is queued or running."""
+        self._request("DELETE", f"jobs/{_seg(job_id)}", expect=(204,))
+
+    def gc(self, req: contracts.GcRequest | None = None) -> contracts.GcReport:
+        """``POST gc`` (admin): apply the retention policy now (``req``'s limits instead
+        of the configured ones, when given) and delete blobs no job names."""
+        body = req if req is not None else contracts.GcRequest()
+        return self._parse(self._request("POST", "gc", json_model=body), contracts.GcReport)
+
     def interrupt(self, job_id: str) -> contracts.Job:
         """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (one not started is cancelled)."""
         resp = self._request("POST", f"jobs/{_seg(job_id)}/interrupt")

@@ -127,6 +127,11 @@ class Job:
         self.info = self.connection.cancel(self.id)
         return self
 
+    def delete(self) -> None:
+        """Delete the finished job on the control plane, with its logs, metrics and
+        artifacts (raises ``Conflict`` while it is queued or running)."""
+        self.connection.delete_job(self.id)
+
     def download(
         self,
         dest: str | os.PathLike[str] = ".",

@@ -1,4 +1,5 @@
-"""``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt."""
+"""``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt,
+delete."""
 
 from urllib.parse import quote
 
@@ -84,13 +85,21 @@ class JobsWaitHandler(GpulayerAPIHandler):
 
 
 class JobHandler(GpulayerAPIHandler):
-    """``GET jobs/{id}``."""
+    """``GET jobs/{id}``; ``DELETE jobs/{id}``."""
 
     @allow_unauthenticated
     @requires(*READ)
     async def get(self, job_id: str) -> None:
         """One job with tasks and pending reasons."""
         self.reply(await self.gl.jobs.get(job_id, self.who))
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def delete(self, job_id: str) -> None:
+        """Delete a finished job (its owner or an admin) with its logs, metrics,
+        artifacts and the blobs no other job names; 204, or 409 while it is active."""
+        await self.gl.retention.delete(job_id, self.who)
+        self.no_content()
 
 
 class JobResultHandler(GpulayerAPIHandler):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpulayer import client, errors
+from gpulayer.cli import main
 from gpulayer.cluster import LocalCluster
 
 from ..support import fill, tmpfs, until
@@ -99,3 +100,44 @@ def test_a_full_control_plane_fails_the_job_names_the_cause_and_recovers(small_d
         with pytest.raises(errors.TransferError, match="arrived corrupt"):
             conn.download(again.id, tmp_path / "dl2")
         assert not (tmp_path / "dl2" / "out" / "copy.bin").exists()
+
+
+def test_delete_and_gc_from_the_cli_free_blobs_and_survive_a_restart(tmp_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "input.txt").write_text("shared input\n")
+    args = ["--GpulayerApp.blob_grace_seconds=0", "--GpulayerApp.gc_interval_seconds=0.5"]
+    with LocalCluster(tmp_path / "c", workers=1, server_args=args, **FAST) as cluster:
+        blobs = cluster.data_dir / "blobs"
+        with cluster.connection() as conn:
+            copy = ["sh", "-c", 'cp input.txt "$GPULAYER_ARTIFACTS/out-$GPULAYER_JOB_ID.txt"']
+            jobs = [client.submit(copy, workdir=work, connection=conn) for _ in range(3)]
+            for job in jobs:
+                assert ended(conn, job.id).state == "succeeded"
+            bundle = conn.job(jobs[0].id).spec.bundle
+            assert bundle is not None and all(conn.job(j.id).spec.bundle == bundle for j in jobs)
+
+            cli = ["--url", cluster.url, "--token", cluster.admin_token]
+            assert main([*cli, "delete", jobs[0].id]) == 0
+            assert capsys.readouterr().out == f"{jobs[0].id} deleted\n"
+            with pytest.raises(errors.NotFound):
+                conn.job(jobs[0].id)
+            assert (blobs / bundle[:2] / bundle).exists()  # two jobs still name it
+
+            cluster.restart_control_plane()
+            assert main([*cli, "gc", "--keep-jobs", "1"]) == 0
+            assert capsys.readouterr().out.startswith("deleted 1 job(s) and 0 blob(s)")
+            assert [j.id for j in conn.jobs()] == [jobs[2].id]
+            assert main([*cli, "delete", jobs[2].id]) == 0
+            # the periodic collection would find nothing more: every blob is gone
+            until(lambda: not any(p.is_file() for p in blobs.rglob("*")), 30, "blobs deleted")
+
+            refused = client.submit(["sleep", "30"], connection=conn)
+            assert main([*cli, "delete", refused.id]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("gpulayer: error: job ") and "only a finished job" in err
+            conn.cancel(refused.id)
+            again = client.submit(copy, workdir=work, connection=conn)
+            assert ended(conn, again.id).state == "succeeded"
+            (path,) = again.download(tmp_path / "dl")
+            assert path.read_text() == "shared input\n"
