@@ -197,7 +197,7 @@ class Uplink:
                     return resp
                 if not retry:
                     return resp
-                problem = f"HTTP {resp.status_code}"
+                problem = describe(resp)  # e.g. "HTTP 507 storage_full: the disk is full (...)"
             if not warned and self._outage_since is None:
                 log.warning("control plane unavailable (%s); retrying until it is back", problem)
                 self._outage_since = asyncio.get_running_loop().time()
