@@ -17,6 +17,9 @@ the client turns the body back into the same class::
     │   └── StaleAttempt       a report for a task its job no longer runs
     ├── PayloadTooLarge        body, bundle or artifact over a limit   (413)
     ├── QuotaExceeded          an owner's quota is used up             (429)
+    ├── StorageError           the control plane cannot write its disk (503)
+    │   └── StorageFull        ... because it is full or over quota    (507)
+    ├── TransferError          a download or upload arrived corrupt or cut short
     ├── ApiError               any other answer the client did not expect
     │   └── ConnectionFailed   the control plane cannot be reached
     │       └── CertificateMismatch  its TLS certificate is not the pinned one
@@ -24,6 +27,8 @@ the client turns the body back into the same class::
         └── RemoteError        a remote function raised what cannot be re-raised here
 """
 
+import errno
+import os
 from typing import ClassVar
 
 
@@ -118,6 +123,27 @@ class QuotaExceeded(GpulayerError):
     and the ``c.GpulayerApp`` trait that sets it."""
 
     code = "quota_exceeded"
+
+
+class StorageError(GpulayerError):
+    """The control plane cannot store what it was sent: its disk or database is
+    read-only or failing (503). Nothing of the request was stored; retry later."""
+
+    code = "storage_unavailable"
+
+
+class StorageFull(StorageError):
+    """The control plane's disk is full or over its quota (507); nothing of the
+    request was stored, and it works again once space is freed."""
+
+    code = "storage_full"
+
+
+class TransferError(GpulayerError):
+    """A download or upload did not arrive whole: its size or sha256 is not what
+    was announced (nothing was written in its place)."""
+
+    code = "transfer_failed"
 
 
 class ApiError(GpulayerError):
@@ -245,8 +271,30 @@ _BY_CODE: dict[str, type[GpulayerError]] = {
         PayloadTooLarge,
         StaleAttempt,
         QuotaExceeded,
+        StorageError,
+        StorageFull,
+        TransferError,
     )
 }
+
+#: ``errno`` values that mean "no space left": answered 507.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_error(exc: OSError, where: "str | os.PathLike[str]") -> StorageError | None:
+    """The :class:`StorageError` a failed write of the control plane's storage at
+    ``where`` stands for (None for an ``OSError`` that is not about the storage,
+    e.g. a missing file): full or over quota → :class:`StorageFull` (507),
+    read-only or any other I/O failure → :class:`StorageError` (503)."""
+    path = os.fspath(where)
+    if exc.errno in _FULL:
+        what = "disk quota is exceeded" if exc.errno == errno.EDQUOT else "disk is full"
+        return StorageFull(f"the control plane's {what} ({path}); free space there and retry")
+    if exc.errno == errno.EROFS:
+        return StorageError(f"the control plane's storage is read-only ({path}); retry later")
+    if exc.errno in (errno.EIO, errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE):
+        return StorageError(f"the control plane cannot write its storage ({path}): {exc.strerror}")
+    return None
 
 
 def error_for_code(code: str) -> type[GpulayerError] | None:

@@ -32,6 +32,7 @@ from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .control_plane import ControlPlane
 from .core import Quotas
+from .retention import Policy
 from .store import Store
 from .streams import Notifier
 
@@ -140,6 +141,27 @@ class GpulayerApp(ExtensionApp):
         help="How long a submit's Idempotency-Key is kept: a repeat within this time"
         " answers the jobs the first request created (expired keys are pruned).",
     ).tag(config=True)
+    retention_max_age_seconds = Float(
+        0.0,
+        help="Delete finished jobs (rows, logs, metrics, artifacts) that ended longer ago"
+        " than this (0: keep them whatever their age). Active jobs are never deleted.",
+    ).tag(config=True)
+    retention_max_jobs = Int(
+        0, help="Keep at most this many finished jobs, newest first (0: no limit)."
+    ).tag(config=True)
+    retention_max_bytes = Int(
+        0,
+        help="While blobs (artifacts, bundles, results) take more bytes than this, delete"
+        " the oldest finished jobs (0: no limit).",
+    ).tag(config=True)
+    blob_grace_seconds = Float(
+        3600.0,
+        help="A blob no job names is deleted only once it was last stored longer ago than"
+        " this (an upload waiting for its submit names no job yet).",
+    ).tag(config=True)
+    gc_interval_seconds = Float(
+        3600.0, help="How often retention and blob garbage collection run (0: only on demand)."
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -207,11 +229,19 @@ class GpulayerApp(ExtensionApp):
                 telemetry_bytes_per_worker=self.telemetry_window_bytes,
             ),
             idempotency_seconds=self.idempotency_seconds,
+            retention=Policy(
+                max_age_seconds=self.retention_max_age_seconds,
+                max_jobs=self.retention_max_jobs,
+                max_bytes=self.retention_max_bytes,
+                blob_grace_seconds=self.blob_grace_seconds,
+            ),
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)
         self._state.running = Running(plane=plane, registry=registry, gauges=gauges)
         self._background.append(asyncio.create_task(self._sweep_loop(plane)))
+        if self.gc_interval_seconds > 0:
+            self._background.append(asyncio.create_task(self._gc_loop(plane)))
         await plane.placer.schedule()
         self._state.ready.set()
         self.log.info("gpulayer control plane ready (data in %s)", data)
@@ -223,6 +253,14 @@ class GpulayerApp(ExtensionApp):
                 await plane.leases.sweep()
             except Exception:
                 self.log.exception("gpulayer lease sweep failed")
+
+    async def _gc_loop(self, plane: ControlPlane) -> None:
+        while True:
+            await asyncio.sleep(self.gc_interval_seconds)
+            try:
+                await plane.retention.collect()
+            except Exception:
+                self.log.exception("gpulayer garbage collection failed")
 
     def current_activity(self) -> dict[str, Any] | None:
         """Report open long polls so idle culling leaves a busy control plane alone."""

@@ -7,6 +7,7 @@ own)::
     Core ◀── Sessions ◀── Placer ◀── Jobs, Tasks, Workers ◀── Leases
                     ▲                  ▲
                     └─ SessionService ─┘   TrainingMetrics (Jobs, Tasks)
+                                           Retention (Core: deletes, garbage collection)
 
 ``app.py`` builds one per server; tests and ``benchmarks/scheduler.py`` build
 their own on a temporary store with an injected clock.
@@ -24,6 +25,7 @@ from .jobs import Jobs
 from .leases import Leases
 from .placer import Placer
 from .prometheus import Instruments
+from .retention import Policy, Retention
 from .sessions import Sessions, SessionService
 from .store import Store
 from .streams import Notifier
@@ -51,6 +53,7 @@ class ControlPlane:
         instruments: Instruments | None = None,
         quotas: Quotas | None = None,
         idempotency_seconds: float = 86400.0,
+        retention: Policy | None = None,
     ) -> None:
         settings = Settings(
             heartbeat_seconds,
@@ -78,6 +81,7 @@ class ControlPlane:
         self.workers = Workers(core, self.placer, tokens)
         self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
         self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
+        self.retention = Retention(core, retention)
 
     async def start(self) -> None:
         """Recover after a (re)start, then place what waits."""

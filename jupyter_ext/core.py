@@ -133,6 +133,10 @@ class Core:
         """Keep a new job's parsed spec."""
         self._specs[job_id] = (spec, shape(spec.resources))
 
+    def forget(self, job_id: str) -> None:
+        """Drop a deleted job's parsed spec."""
+        self._specs.pop(job_id, None)
+
     def spec(self, job: JobRecord) -> JobSpec:
         """``job``'s spec, parsed once."""
         return self._parsed(job)[0]

@@ -310,13 +310,6 @@ class Jobs:
             raise NotFound(f"job {job_id} has no artifact {name!r}")
         return found.model()
 
-    async def artifact_bytes(
-        self, job_id: str, name: str, viewer: Principal | None = None
-    ) -> tuple[Artifact, bytes]:
-        """One artifact of a job and its bytes."""
-        art = await self.artifact(job_id, name, viewer)
-        return art, await self._core.blobs.read(art.sha256)
-
     # --------------------------------------------------------------- waits
 
     async def wait(

@@ -5,12 +5,17 @@ module is part of the ``tests`` package tree): ``from ..support import until``.
 """
 
 import asyncio
+import contextlib
 import inspect
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -63,3 +68,38 @@ def entries(root: Path) -> Iterator[Path]:
 def files(root: Path) -> set[Path]:
     """The files under ``root`` now (see :func:`entries`)."""
     return {p for p in entries(root) if p.is_file()}
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs mounted at ``path`` (a full or read-only disk on demand); skips
+    the test with the reason when it cannot be mounted (not root, no mount)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) to mount a small tmpfs (a full disk)")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def fill(directory: Path, leave_bytes: int = 0) -> Path:
+    """Write a filler file in ``directory`` until only ``leave_bytes`` are free there."""
+    filler = directory / "filler"
+    free = shutil.disk_usage(directory).free - leave_bytes
+    with filler.open("ab", buffering=0) as f:
+        try:
+            while free > 0:
+                f.write(b"\xff" * min(free, 1 << 20))
+                free -= 1 << 20
+            f.flush()
+        except OSError:  # full before the estimate
+            pass
+    return filler

@@ -6,6 +6,8 @@
     gpulayer join URL                 run a worker that serves URL
     gpulayer submit [-f] -- CMD ...   submit a command; -f streams its output
     gpulayer jobs | job ID | logs ID [-f] | cancel ID | artifacts ID [--download DIR]
+    gpulayer delete ID ...            delete finished jobs with their logs and artifacts
+    gpulayer gc [--older-than 30d]    delete old finished jobs and unused blobs now (admin)
     gpulayer workers [forget NAME]
     gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
     gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME

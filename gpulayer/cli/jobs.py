@@ -1,9 +1,11 @@
-"""``gpulayer submit | jobs | job ID | cancel ID | explain ID | artifacts ID``."""
+"""``gpulayer submit | jobs | job ID | cancel ID | explain ID | artifacts ID | delete ID | gc``."""
 
 import argparse
 import shlex
 from pathlib import Path
 from typing import Any
+
+import pydantic
 
 from gpulayer import contracts, errors
 from gpulayer.cli import output
@@ -43,6 +45,28 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, parents=[conn], help=text)
         p.add_argument("job_id", metavar="ID")
         p.set_defaults(func=func)
+
+    delete = sub.add_parser(
+        "delete", parents=[conn], help="delete finished jobs with their logs and artifacts"
+    )
+    delete.add_argument("job_ids", nargs="+", metavar="ID")
+    delete.set_defaults(func=_delete)
+
+    gc = sub.add_parser(
+        "gc", parents=[conn], help="delete old finished jobs and unused blobs now (admin)"
+    )
+    gc.add_argument(
+        "--older-than", metavar="DURATION", help="finished jobs that ended longer ago, e.g. 30d"
+    )
+    gc.add_argument(
+        "--keep-jobs", type=int, metavar="N", help="keep only the newest N finished jobs"
+    )
+    gc.add_argument(
+        "--max-bytes",
+        metavar="SIZE",
+        help="delete the oldest finished jobs while blobs take more, e.g. 50GiB",
+    )
+    gc.set_defaults(func=_gc)
 
     arts = sub.add_parser("artifacts", parents=[conn], help="list or download artifacts")
     arts.add_argument("job_id", metavar="ID")
@@ -157,5 +181,33 @@ def _artifacts(args: argparse.Namespace) -> int:
         arts = conn.artifacts(args.job_id)
     output.table(
         ("NAME", "SIZE", "SHA256"), [(a.name, output.size(a.size), a.sha256[:12]) for a in arts]
+    )
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        for job_id in args.job_ids:
+            conn.delete_job(job_id)
+            print(f"{job_id} deleted")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    limits: dict[str, object] = {"max_jobs": args.keep_jobs, "max_bytes": args.max_bytes}
+    if args.older_than is not None:
+        try:
+            limits["max_age_seconds"] = contracts.parse_duration(args.older_than)
+        except ValueError as e:
+            raise errors.ValidationError(f"--older-than: {e}", field="older_than") from e
+    try:
+        req = contracts.GcRequest.model_validate({k: v for k, v in limits.items() if v is not None})
+    except pydantic.ValidationError as e:
+        raise specs.pydantic_to_gpulayer(e) from e
+    with connect(args) as conn:
+        report = conn.gc(req)
+    print(
+        f"deleted {report.jobs_deleted} job(s) and {report.blobs_deleted} blob(s),"
+        f" freed {output.size(report.bytes_freed)}; blobs take {output.size(report.blob_bytes)}"
     )
     return 0

@@ -25,11 +25,13 @@ timed out) fails at once: a wrong URL says so without a two-minute wait.
 :mod:`gpulayer.client.default` keeps the process's default connection.)
 """
 
+import contextlib
+import hashlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -39,7 +41,7 @@ import httpx
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from gpulayer import contracts, errors, tls
+from gpulayer import contracts, errors, tls, transfer
 from gpulayer.client import artifacts, config
 from gpulayer.client.specs import pydantic_to_gpulayer
 
@@ -155,9 +157,9 @@ class Connection:
         *,
         json_model: BaseModel | None = None,
         params: Mapping[str, str | int | float] | None = None,
-        content: bytes | None = None,
-        expect: tuple[int, ...] = (200,),
+        content: bytes | Iterable[bytes] | None = None,
         headers: Mapping[str, str] | None = None,
+        expect: tuple[int, ...] = (200,),
         retry: bool = False,
     ) -> httpx.Response:
         """Send one request and map every failure onto the gpulayer error tree.
@@ -172,7 +174,7 @@ class Connection:
             content = json_model.model_dump_json(exclude_none=True).encode()
             sent["Content-Type"] = "application/json"
         elif content is not None:
-            sent["Content-Type"] = "application/octet-stream"
+            sent.setdefault("Content-Type", "application/octet-stream")
         outage: float | None = None
         delay = _BACKOFF_FIRST_SECONDS
         while True:
@@ -193,7 +195,13 @@ class Connection:
                         log.warning("the gpulayer control plane at %s is back", self.url)
                     return resp
                 failure = self._error(method, url, resp)
-                if not (retry and resp.status_code in _GATEWAY_STATUSES):
+                # A proxy's or a starting server's 502/503/504 passes; a storage
+                # error the control plane names (503 read-only disk) is an answer.
+                if not (
+                    retry
+                    and resp.status_code in _GATEWAY_STATUSES
+                    and not isinstance(failure, errors.StorageError)
+                ):
                     raise failure
             now = time.monotonic()
             if outage is None:
@@ -214,25 +222,47 @@ class Connection:
         method: str,
         url: str,
         params: Mapping[str, str | int | float] | None,
-        content: bytes | None,
+        content: bytes | Iterable[bytes] | None,
         headers: Mapping[str, str],
     ) -> httpx.Response:
-        """One HTTP exchange; a transport failure is :class:`ConnectionFailed`."""
+        """One HTTP exchange; a transport failure is :class:`ConnectionFailed` (or
+        :class:`CertificateMismatch`)."""
         try:
             return self._client.request(
                 method, url, params=params, content=content, headers=headers
             )
         except httpx.TransportError as e:
-            pin = tls.mismatch_in(e)
-            if pin is not None:
-                raise errors.CertificateMismatch(
-                    tls.mismatch_message(self.url, pin), method=method, url=url
-                ) from e
-            raise errors.ConnectionFailed(
-                f"cannot reach the gpulayer control plane at {self.url}: {e or type(e).__name__}",
-                method=method,
-                url=url,
-            ) from e
+            raise self._unreachable(e, method, url) from e
+
+    @contextlib.contextmanager
+    def _streamed(self, method: str, path: str) -> Iterator[httpx.Response]:
+        """A 200 answer whose body is read as it arrives (the caller iterates it)."""
+        url = self._api + path
+        try:
+            resp = self._client.send(self._client.build_request(method, url), stream=True)
+        except httpx.TransportError as e:
+            raise self._unreachable(e, method, url) from e
+        try:
+            if resp.status_code != 200:
+                resp.read()
+                raise self._error(method, url, resp)
+            yield resp
+        except httpx.TransportError as e:
+            raise self._unreachable(e, method, url) from e
+        finally:
+            resp.close()
+
+    def _unreachable(self, e: httpx.TransportError, method: str, url: str) -> errors.ApiError:
+        pin = tls.mismatch_in(e)
+        if pin is not None:
+            return errors.CertificateMismatch(
+                tls.mismatch_message(self.url, pin), method=method, url=url
+            )
+        return errors.ConnectionFailed(
+            f"cannot reach the gpulayer control plane at {self.url}: {e or type(e).__name__}",
+            method=method,
+            url=url,
+        )
 
     @staticmethod
     def _error(method: str, url: str, resp: httpx.Response) -> errors.GpulayerError:
@@ -375,6 +405,17 @@ class Connection:
         resp = self._request("POST", f"jobs/{_seg(job_id)}/cancel", retry=retry)
         return self._parse(resp, contracts.Job)
 
+    def delete_job(self, job_id: str) -> None:
+        """``DELETE jobs/{id}``: delete a finished job with its logs, metrics and
+        artifacts; raises ``Conflict`` while it is queued or running."""
+        self._request("DELETE", f"jobs/{_seg(job_id)}", expect=(204,))
+
+    def gc(self, req: contracts.GcRequest | None = None) -> contracts.GcReport:
+        """``POST gc`` (admin): apply the retention policy now (``req``'s limits instead
+        of the configured ones, when given) and delete blobs no job names."""
+        body = req if req is not None else contracts.GcRequest()
+        return self._parse(self._request("POST", "gc", json_model=body), contracts.GcReport)
+
     def interrupt(self, job_id: str) -> contracts.Job:
         """``POST jobs/{id}/interrupt``: SIGINT a cell's kernel (one not started is cancelled)."""
         resp = self._request("POST", f"jobs/{_seg(job_id)}/interrupt")
@@ -475,14 +516,60 @@ class Connection:
         return self._parse(resp, contracts.ArtifactList).artifacts
 
     def download_artifact(self, job_id: str, name: str) -> bytes:
-        """``GET jobs/{id}/artifacts/{name}``: the artifact's bytes."""
+        """``GET jobs/{id}/artifacts/{name}``: the artifact's bytes (in memory; see
+        :meth:`download_artifact_to` for large files)."""
         path = f"jobs/{_seg(job_id)}/artifacts/{quote(name, safe='/')}"
-        return self._request("GET", path).content
+        resp = self._request("GET", path)
+        announced = resp.headers.get(transfer.SHA256_HEADER)
+        if announced is not None:
+            got = hashlib.sha256(resp.content).hexdigest()
+            transfer.Digest(announced, len(resp.content)).check(
+                got, len(resp.content), f"artifact {name!r}"
+            )
+        return resp.content
+
+    def download_artifact_to(
+        self,
+        job_id: str,
+        name: str,
+        dest: str | os.PathLike[str],
+        *,
+        expected: transfer.Digest | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> transfer.Digest:
+        """``GET jobs/{id}/artifacts/{name}`` streamed into the file ``dest``, a chunk at
+        a time; the file appears only whole and with the artifact's sha256.
+
+        Raises
+        ------
+        TransferError
+            If what arrived is not the artifact (``expected``, else the sha256 the
+            control plane announced); ``dest`` is then left as it was.
+        """
+        path = f"jobs/{_seg(job_id)}/artifacts/{quote(name, safe='/')}"
+        with self._streamed("GET", path) as resp:
+            if expected is None and (announced := resp.headers.get(transfer.SHA256_HEADER)):
+                length = resp.headers.get("Content-Length")
+                if length is not None and length.isdigit():
+                    expected = transfer.Digest(announced, int(length))
+            return transfer.receive(
+                resp.iter_bytes(transfer.CHUNK_BYTES),
+                dest,
+                expected=expected,
+                progress=progress,
+                what=f"artifact {name!r} of job {job_id}",
+            )
 
     def download(
-        self, job_id: str, dest_dir: str | os.PathLike[str], names: Sequence[str] | None = None
+        self,
+        job_id: str,
+        dest_dir: str | os.PathLike[str],
+        names: Sequence[str] | None = None,
+        *,
+        progress: transfer.Progress | None = None,
     ) -> list[Path]:
-        """Download the job's artifacts (or only ``names``) below ``dest_dir``.
+        """Download the job's artifacts (or only ``names``) below ``dest_dir``, each
+        streamed, checked against its sha256 and written atomically.
 
         Returns
         -------
@@ -495,14 +582,52 @@ class Connection:
             If one of ``names`` is not an artifact of the job.
         ValidationError
             If an artifact name would land outside ``dest_dir``.
+        TransferError
+            If an artifact arrived corrupt (that file is not written).
         """
-        return artifacts.download(self, job_id, dest_dir, names)
+        return artifacts.download(self, job_id, dest_dir, names, progress=progress)
 
     def upload_blob(self, data: bytes) -> contracts.BlobRef:
-        """``POST blobs``: store raw bytes (a bundle) by sha256 (retried through an
+        """``POST blobs``: store raw bytes (a payload) by sha256 (retried through an
         outage: storing the same bytes twice stores them once)."""
-        resp = self._request("POST", "blobs", content=data, expect=(201, 200), retry=True)
-        return self._parse(resp, contracts.BlobRef)
+        digest = transfer.Digest(hashlib.sha256(data).hexdigest(), len(data))
+        resp = self._request(
+            "POST",
+            "blobs",
+            content=data,
+            headers=digest.headers(),
+            expect=(201, 200),
+            retry=True,
+        )
+        return self._stored(resp, digest, "upload")
+
+    def upload_file(
+        self,
+        path: str | os.PathLike[str],
+        digest: transfer.Digest,
+        *,
+        progress: transfer.Progress | None = None,
+    ) -> contracts.BlobRef:
+        """``POST blobs`` with a file's bytes (a packed workdir), streamed a chunk at a
+        time; ``digest`` is the file's content, which the answer must confirm.
+
+        Raises
+        ------
+        TransferError
+            If the control plane stored other content than ``digest``.
+        """
+        chunks = transfer.file_chunks(path, total=digest.size, progress=progress)
+        resp = self._request(
+            "POST", "blobs", content=chunks, headers=digest.headers(), expect=(201, 200)
+        )
+        return self._stored(resp, digest, f"upload of {os.fspath(path)}")
+
+    def _stored(
+        self, resp: httpx.Response, digest: transfer.Digest, what: str
+    ) -> contracts.BlobRef:
+        ref = self._parse(resp, contracts.BlobRef)
+        digest.check(ref.sha256, ref.size, what)
+        return ref
 
     def placement(self, job_id: str) -> contracts.Placement:
         """``GET jobs/{id}/placement``: where the job runs, or per worker why it waits."""

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, Unpack, overload
 
-from gpulayer import bundle, contracts, errors
+from gpulayer import contracts, errors, transfer
 from gpulayer.client import specs
 from gpulayer.client.connection import Connection
 from gpulayer.client.default import current_connection
@@ -146,11 +146,21 @@ class Job:
         self.info = self.connection.cancel(self.id)
         return self
 
+    def delete(self) -> None:
+        """Delete the finished job on the control plane, with its logs, metrics and
+        artifacts (raises ``Conflict`` while it is queued or running)."""
+        self.connection.delete_job(self.id)
+
     def download(
-        self, dest: str | os.PathLike[str] = ".", names: Sequence[str] | None = None
+        self,
+        dest: str | os.PathLike[str] = ".",
+        names: Sequence[str] | None = None,
+        *,
+        progress: transfer.Progress | None = None,
     ) -> list[Path]:
-        """Download the job's artifacts (or only ``names``) below ``dest``."""
-        return self.connection.download(self.id, dest, names)
+        """Download the job's artifacts (or only ``names``) below ``dest``, each checked
+        against its sha256; ``progress(done_bytes, total_bytes)`` is told as they come."""
+        return self.connection.download(self.id, dest, names, progress=progress)
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         """A live :class:`~gpulayer.notebook.widgets.JobMonitor` in a notebook, a summary
@@ -188,6 +198,7 @@ def submit(
     *,
     workdir: str | os.PathLike[str] | None = None,
     connection: Connection | None = None,
+    progress: transfer.Progress | None = None,
     **options: Unpack[specs.JobOptions],
 ) -> Job:
     """Submit a command to run on a worker (or, with ``nodes``/``nproc_per_node``,
@@ -218,7 +229,13 @@ def submit(
     env
         Extra environment variables for the process.
     workdir
-        A local directory packed, uploaded and unpacked as the task's cwd.
+        A local directory packed, uploaded and unpacked as the task's cwd. It is
+        packed into a temporary file (memory bounded) and refused, naming its
+        biggest files, as soon as the bundle passes 256 MiB
+        (``GPULAYER_MAX_WORKDIR_BYTES``).
+    progress
+        ``progress(done_bytes, total_bytes)``, told while the workdir is packed
+        (``total_bytes`` None) and uploaded.
     nodes, nproc_per_node, launcher
         A distributed job: ``nodes`` tasks on distinct workers (the resources are
         per node), placed all at once, each running ``nproc_per_node`` processes
@@ -258,10 +275,11 @@ def submit(
     specs.check(options, _SUBMIT_OPTIONS, "gl.submit")
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
     spec = specs.job_spec(options, **program)
-    data = bundle.pack(workdir) if workdir is not None else None
     conn = connection if connection is not None else current_connection()
-    if data is not None:
-        spec = spec.model_copy(update={"bundle": conn.upload_blob(data).sha256})
+    if workdir is not None:
+        with transfer.pack_workdir(workdir, progress=progress) as packed:
+            ref = conn.upload_file(packed.path, packed.digest, progress=progress)
+        spec = spec.model_copy(update={"bundle": ref.sha256})
     return Job(conn, conn.submit(spec))
 
 

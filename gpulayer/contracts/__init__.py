@@ -13,6 +13,7 @@ The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
 :mod:`~gpulayer.contracts.artifacts`, :mod:`~gpulayer.contracts.workers`,
 :mod:`~gpulayer.contracts.tasks` (the worker's task hand-off),
 :mod:`~gpulayer.contracts.placement`, :mod:`~gpulayer.contracts.sessions`,
+:mod:`~gpulayer.contracts.storage` (garbage collection),
 :mod:`~gpulayer.contracts.tokens` and :mod:`~gpulayer.contracts.server` (health,
 errors); :mod:`~gpulayer.contracts.base` holds what they share.
 
@@ -65,6 +66,7 @@ from .resources import (
 )
 from .server import ErrorBody, Health
 from .sessions import CreateSession, Session, SessionList
+from .storage import GcReport, GcRequest
 from .tasks import Acquired, Assignment, Gang, TaskCompletion
 from .tokens import CreatedToken, CreateToken, Role, Token, TokenList, TokenState
 from .training import (
@@ -120,6 +122,8 @@ __all__ = [
     "EventList",
     "FunctionCall",
     "Gang",
+    "GcReport",
+    "GcRequest",
     "GpuSample",
     "Health",
     "Heartbeat",

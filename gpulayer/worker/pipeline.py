@@ -10,13 +10,21 @@ Delivery keeps this order, so that a client that sees the task ended also sees
 all its output. A task the control plane gave up on (abandoned) delivers
 nothing more; a task released because the worker stops ends ``lost``, so the
 control plane retries it.
+
+An artifact that cannot be stored never lets its task end plainly ``succeeded``
+(docs/adr/0088): a full or read-only control plane (507/503) is retried with
+backoff for ``GPULAYER_STORAGE_RETRY_SECONDS`` (300 s), an outage until the
+control plane is back; then the task ends ``failed``, not retried, with a reason
+naming each artifact and why ("artifact 'model.pt' not stored: HTTP 507
+storage_full: the control plane's disk is full (...)").
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -25,6 +33,7 @@ from urllib.parse import quote
 import httpx
 
 from gpulayer import contracts as c
+from gpulayer import transfer
 from gpulayer.errors import GpulayerError
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.lease import Lease
@@ -36,8 +45,20 @@ from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, U
 log = logging.getLogger(__name__)
 
 _ARTIFACT_STRIKES = 3  # failed uploads of one file, server otherwise up, before giving up
-_CHUNK_BYTES = 1024 * 1024
 _CELL_BATCH_SECONDS = 0.002
+#: How long an artifact upload refused for lack of storage (503, 507) is retried.
+DEFAULT_STORAGE_RETRY_SECONDS = 300.0
+_STORAGE_STATUSES = (503, 507)
+
+
+def configured_storage_retry_seconds() -> float:
+    """``GPULAYER_STORAGE_RETRY_SECONDS``, else :data:`DEFAULT_STORAGE_RETRY_SECONDS`."""
+    raw = os.environ.get("GPULAYER_STORAGE_RETRY_SECONDS", "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_STORAGE_RETRY_SECONDS
+    except ValueError:
+        log.warning("GPULAYER_STORAGE_RETRY_SECONDS=%r is not a number; using 300", raw)
+        return DEFAULT_STORAGE_RETRY_SECONDS
 
 
 class Heartbeat(Protocol):
@@ -63,6 +84,9 @@ class Pipeline:
         Tells an outage (wait, no strike) from a failing artifact upload.
     lease
         The worker's lease: a run that ends after it may be lost ends ``lost``.
+    storage_retry_seconds
+        How long an artifact refused for lack of storage is retried (default:
+        :func:`configured_storage_retry_seconds`).
     """
 
     def __init__(
@@ -74,8 +98,12 @@ class Pipeline:
         log_batch_seconds: float,
         heartbeat: Heartbeat,
         lease: Lease | None = None,
+        storage_retry_seconds: float | None = None,
     ) -> None:
         self.tasks: dict[str, TaskRecord] = {}  # tasks whose result is not delivered yet
+        if storage_retry_seconds is None:
+            storage_retry_seconds = configured_storage_retry_seconds()
+        self._storage_retry_seconds = storage_retry_seconds
         self._uplink = uplink
         self._launcher = launcher
         self._slots = asyncio.Semaphore(slots)
@@ -182,14 +210,16 @@ class Pipeline:
         if task.metrics is not None:
             await task.metrics.flush()
         if task.dir is not None:
+            lost = []
             for name, path in await task.file_work(task.dir.artifact_files):
                 if task.abandoned:
                     return
-                try:
-                    await self._upload_artifact(task, name, path)
-                except OSError as e:  # the file went away or cannot be read
-                    task.logs.add(c.LogStream.system, f"artifact {name!r} not kept: {e}", _now())
-            await task.logs.flush()  # lines about artifacts that were not kept
+                problem = await self._upload_artifact(task, name, path)
+                if problem is not None:
+                    lost.append(f"artifact {name!r} not stored: {problem}")
+                    task.logs.add(c.LogStream.system, lost[-1], _now())
+            await task.logs.flush()  # lines about artifacts that were not stored
+            outcome = _with_lost_artifacts(outcome, lost)
         if task.abandoned:
             return
         blob = None
@@ -233,50 +263,87 @@ class Pipeline:
         task.abandon(f"result upload refused: {describe(resp)}")
         return None
 
-    async def _upload_artifact(self, task: TaskRecord, name: str, path: Path) -> None:
-        """PUT one file. A transport error or 5xx while the control plane is otherwise
-        up (a body over the server's limit closes the connection) counts as a strike;
-        after a few the file is given up rather than retried forever."""
+    async def _upload_artifact(self, task: TaskRecord, name: str, path: Path) -> str | None:
+        """PUT one file, streamed; None once it is stored (or the task was abandoned),
+        else why it could not be.
+
+        A 503/507 (the control plane cannot store it now) is retried with backoff
+        for ``storage_retry_seconds``; a transport error or 5xx while the control
+        plane is down waits for it; one while it is otherwise up (a body over the
+        server's limit closes the connection) counts as a strike, and a few strikes
+        give the file up. An answer that names other content than the file's
+        sha256 is a strike too.
+        """
         route = f"tasks/{task.id}/artifacts/" + "/".join(quote(s, safe="") for s in name.split("/"))
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Content-Length": str(path.stat().st_size),
-        }
+        try:
+            digest = await asyncio.to_thread(transfer.digest_file, path)
+        except OSError as e:  # the file went away or cannot be read
+            return f"cannot read it ({e.strerror or e})"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._storage_retry_seconds
         strikes, delay = 0, BACKOFF_START_SECONDS
         while True:
             try:
                 resp = await self._uplink.call(
-                    "PUT", route, content=lambda: _file_chunks(path), headers=headers, retry=False
-                )
-                if resp.status_code < 500:
-                    break
-                problem = describe(resp)
+                    "PUT", route, content=lambda: transfer.afile_chunks(path, total=digest.size),
+                    headers=digest.headers(), retry=False,
+                )  # fmt: skip
+            except OSError as e:  # reading the file failed (httpx errors are not OSErrors)
+                return f"cannot read it ({e.strerror or e})"
             except httpx.TransportError as e:
                 problem = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code in (403, 404, 409):
+                    task.abandon(f"artifact upload refused: {describe(resp)}")
+                    return None
+                if resp.is_success:
+                    mismatch = _stored_other_content(resp, digest, name)
+                    if mismatch is None:
+                        return None
+                    problem = mismatch
+                elif resp.status_code in _STORAGE_STATUSES:
+                    if loop.time() >= deadline:
+                        return describe(resp)
+                    log.warning("task %s: artifact %r waits: %s", task.id, name, describe(resp))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+                    continue
+                elif resp.status_code < 500:
+                    return describe(resp)  # e.g. 413: over the control plane's limit
+                else:
+                    problem = describe(resp)
             if not await self._heartbeat(retry=False):
                 await self._heartbeat()  # an outage: wait for the server, no strike
-            else:
-                strikes += 1
-                if strikes >= _ARTIFACT_STRIKES:
-                    task.logs.add(
-                        c.LogStream.system, f"artifact {name!r} not kept: {problem}", _now()
-                    )
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_CAP_SECONDS)
-        if resp.status_code in (403, 404, 409):
-            task.abandon(f"artifact upload refused: {describe(resp)}")
-        elif not resp.is_success:
-            task.logs.add(
-                c.LogStream.system, f"artifact {name!r} not kept: {describe(resp)}", _now()
-            )
+                continue
+            strikes += 1
+            if strikes >= _ARTIFACT_STRIKES:
+                return problem
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+
+
+def _stored_other_content(resp: httpx.Response, digest: transfer.Digest, name: str) -> str | None:
+    """None when the answer confirms the file's content, else what went wrong."""
+    try:
+        art = c.Artifact.model_validate(resp.json())
+        digest.check(art.sha256, art.size, f"artifact {name!r}")
+    except (ValueError, GpulayerError) as e:  # not an Artifact, or other content
+        return str(e)
+    return None
+
+
+def _with_lost_artifacts(outcome: RunOutcome, lost: list[str]) -> RunOutcome:
+    """``outcome`` once some artifacts could not be stored: a success becomes a
+    failure that retrying would not change; another end keeps its state and says
+    which artifacts are missing."""
+    if not lost:
+        return outcome
+    why = "; ".join(lost)
+    if outcome.state == "succeeded":
+        return dataclasses.replace(outcome, state="failed", reason=why, retry=False)
+    reason = f"{outcome.reason}; {why}" if outcome.reason else why
+    return dataclasses.replace(outcome, reason=reason)
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:
-        while chunk := await asyncio.to_thread(f.read, _CHUNK_BYTES):
-            yield chunk

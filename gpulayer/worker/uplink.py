@@ -14,9 +14,7 @@ Registering again takes the worker's own credential
 
 import asyncio
 import email.utils
-import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,11 +24,12 @@ import httpx
 import pydantic
 
 from gpulayer import contracts as c
-from gpulayer import tls
+from gpulayer import tls, transfer
 from gpulayer.errors import (
     CertificateMismatch,
     GpulayerError,
     NotFound,
+    TransferError,
     ValidationError,
     error_for_code,
 )
@@ -254,7 +253,7 @@ class Uplink:
                     return resp
                 if not retry:
                     return resp
-                problem = f"HTTP {resp.status_code}"
+                problem = describe(resp)  # e.g. "HTTP 507 storage_full: the disk is full (...)"
                 asked = retry_after(resp)
             if not warned and self._outage_since is None:
                 log.warning("control plane unavailable (%s); retrying until it is back", problem)
@@ -283,9 +282,16 @@ class Uplink:
             if not resp.is_success:
                 raise error_for(resp, f"cannot download bundle {sha256}")
             data = resp.content
-            if await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest()) != sha256:
-                raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle")
-            await asyncio.to_thread(_write_atomically, path, data)
+            try:  # verified, then renamed into the cache whole (gpulayer.transfer)
+                await asyncio.to_thread(
+                    transfer.receive,
+                    [data],
+                    path,
+                    expected=transfer.Digest(sha256, len(data)),
+                    what=f"bundle {sha256}",
+                )
+            except TransferError as e:
+                raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle") from e
             return data
 
 
@@ -322,10 +328,3 @@ def error_for(resp: httpx.Response, what: str) -> GpulayerError:
         return GpulayerError(f"{what}: HTTP {resp.status_code}")
     cls = error_for_code(body.code) or GpulayerError
     return cls(f"{what}: {body.message}", field=body.field)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

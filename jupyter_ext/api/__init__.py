@@ -5,7 +5,17 @@ state the app publishes; ``errors.py`` the one error map. Each other module is o
 route group with its ``ROUTES`` table (paths relative to the API prefix).
 """
 
-from . import health, jobs, prometheus, sessions, tokens, training, worker_facing, workers
+from . import (
+    health,
+    jobs,
+    prometheus,
+    sessions,
+    storage,
+    tokens,
+    training,
+    worker_facing,
+    workers,
+)
 from .base import GpulayerAPIHandler
 
 #: Every route under the API prefix, in mount order.
@@ -17,6 +27,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = (
     + worker_facing.ROUTES
     + tokens.ROUTES
     + training.ROUTES
+    + storage.ROUTES
 )
 #: Routes beside the API (relative to ``<base_url>gpulayer/``).
 OUTER_ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = prometheus.ROUTES

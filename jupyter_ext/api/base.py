@@ -16,7 +16,6 @@ arrives) for the routes that take a blob (``upload = True``). docs/adr/0076.
 
 import asyncio
 import re
-import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,7 +27,15 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client import CollectorRegistry
 from tornado import web
 
-from gpulayer.errors import AuthError, GpulayerError, PayloadTooLarge, RateLimited, ValidationError
+from gpulayer.errors import (
+    AuthError,
+    GpulayerError,
+    PayloadTooLarge,
+    RateLimited,
+    StorageError,
+    ValidationError,
+    storage_error,
+)
 
 from ..artifacts import BlobUpload
 from ..auth import Principal, admit, bearer_token
@@ -388,10 +395,14 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
     # ----------------------------------------------------------- errors
 
     def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, OSError) and (storage := storage_error(e, e.filename or "data_dir")):
+            e = storage.with_traceback(e.__traceback__)  # a full or read-only disk: 507/503
+        if isinstance(e, StorageError):  # the operator's problem: say so in the server log
+            self.log.warning("%s %s refused: %s", self.request.method, self.request.path, e)
         if isinstance(e, GpulayerError):
             if self._finished:
                 return
-            self.send_error(status_of(e), exc_info=sys.exc_info())
+            self.send_error(status_of(e), exc_info=(type(e), e, e.__traceback__))
             return
         super()._handle_request_exception(e)
 

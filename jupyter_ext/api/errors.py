@@ -18,6 +18,8 @@ from gpulayer.errors import (
     PayloadTooLarge,
     QuotaExceeded,
     RateLimited,
+    StorageError,
+    StorageFull,
     ValidationError,
 )
 
@@ -31,6 +33,8 @@ STATUS: dict[type[GpulayerError], int] = {
     InvalidTransition: 409,
     PayloadTooLarge: 413,
     QuotaExceeded: 429,
+    StorageFull: 507,
+    StorageError: 503,
 }
 _CODE_BY_STATUS = {
     400: "invalid",
@@ -41,6 +45,8 @@ _CODE_BY_STATUS = {
     409: "conflict",
     413: "too_large",
     429: "rate_limited",
+    503: "unavailable",
+    507: "storage_full",
 }
 
 

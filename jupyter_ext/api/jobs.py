@@ -1,4 +1,5 @@
-"""``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt."""
+"""``jobs`` and ``blobs`` routes: submit, list, read, follow, wait, cancel, interrupt,
+delete."""
 
 import re
 from urllib.parse import quote
@@ -111,13 +112,21 @@ class JobsWaitHandler(GpulayerAPIHandler):
 
 
 class JobHandler(GpulayerAPIHandler):
-    """``GET jobs/{id}``."""
+    """``GET jobs/{id}``; ``DELETE jobs/{id}``."""
 
     @allow_unauthenticated
     @requires(*READ)
     async def get(self, job_id: str) -> None:
         """One job with tasks and pending reasons."""
         self.reply(await self.gl.jobs.get(job_id, self.who))
+
+    @allow_unauthenticated
+    @requires("submitter")
+    async def delete(self, job_id: str) -> None:
+        """Delete a finished job (its owner or an admin) with its logs, metrics,
+        artifacts and the blobs no other job names; 204, or 409 while it is active."""
+        await self.gl.retention.delete(job_id, self.who)
+        self.no_content()
 
 
 class JobResultHandler(GpulayerAPIHandler):
@@ -208,12 +217,18 @@ class JobArtifactHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires(*READ)
     async def get(self, job_id: str, name: str) -> None:
-        """Send the artifact as a download."""
-        art, data = await self.gl.jobs.artifact_bytes(job_id, name, self.who)
+        """Send the artifact as a download, a chunk at a time (memory bounded by the
+        chunk), with its size and sha256 in the headers."""
+        art = await self.gl.jobs.artifact(job_id, name, self.who)
         filename = quote(name.rsplit("/", 1)[-1])
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{filename}")
         self.set_header("X-Gpulayer-Sha256", art.sha256)
-        self.send_bytes(data)
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(art.size))
+        async for chunk in self.gl.blobs.chunks(art.sha256):
+            self.write(chunk)
+            await self.flush()
+        self.finish()
 
 
 class JobPlacementHandler(GpulayerAPIHandler):

@@ -2,10 +2,11 @@
 
 :class:`Store` is one aiosqlite connection (``db.py``) with the queries of each
 concern mixed in: jobs and tasks (``jobs.py``), task outputs (log lines and
-metric points, ``outputs.py``), workers (``workers.py``) and tokens
-(``tokens.py``). Reads answer frozen records (``records.py``); the statements that
-change jobs and tasks are built in ``writes.py`` for :mod:`jupyter_ext.transitions`
-and run by :meth:`Store.apply` in one transaction. The schema and its migrations are in
+metric points, ``outputs.py``), workers (``workers.py``), tokens
+(``tokens.py``) and deleting finished jobs (``retention.py``). Reads answer
+frozen records (``records.py``); the statements that change jobs and tasks are
+built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
+:meth:`Store.apply` in one transaction. The schema and its migrations are in
 ``schema.py``.
 """
 
@@ -26,6 +27,7 @@ from .records import (
     as_datetime,
     as_optional_datetime,
 )
+from .retention import RetentionQueries
 from .schema import SCHEMA_VERSION
 from .tokens import TokenQueries
 from .workers import WorkerQueries
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 
-class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries):
+class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries):
     """Async access to the gpulayer database.
 
     Methods are small and named for what the services need; each write commits

@@ -3,10 +3,17 @@
 One long-lived connection is the single writer; aiosqlite runs its calls in order
 on its own thread, so handlers never block the event loop. All SQL is
 parameterized; rows keep times as UNIX seconds (REAL).
+
+A statement that fails because the disk is full, read-only or failing raises
+:class:`~gpulayer.errors.StorageFull` / :class:`~gpulayer.errors.StorageError`
+(the handlers answer 507 / 503 naming the cause); its transaction is rolled back,
+so what was stored before stays as it was.
 """
 
 import asyncio
 import contextlib
+import errno
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -14,7 +21,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from gpulayer.errors import Conflict
+from gpulayer.errors import Conflict, StorageError, storage_error
 
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
@@ -84,11 +91,24 @@ class Database:
     # ------------------------------------------------------------ primitives
 
     async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        rows = await self.db.execute_fetchall(sql, params)
+        with self._storage_errors():
+            rows = await self.db.execute_fetchall(sql, params)
         return next(iter(rows), None)
 
     async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        return list(await self.db.execute_fetchall(sql, params))
+        with self._storage_errors():
+            return list(await self.db.execute_fetchall(sql, params))
+
+    @contextlib.contextmanager
+    def _storage_errors(self) -> Iterator[None]:
+        """A full, read-only or failing disk as a :class:`StorageError` naming the file."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            mapped = storage_failure(e, self.path)
+            if mapped is None:
+                raise
+            raise mapped from e
 
     async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on aiosqlite's thread in one hand-off.
@@ -100,7 +120,8 @@ class Database:
         """
         db = self.db
         conn = db._conn
-        result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
+        with self._storage_errors():
+            result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
         return result
 
     async def _write(self, statements: Iterable[Statement]) -> None:
@@ -130,9 +151,28 @@ def transaction(conn: sqlite3.Connection) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise Conflict(f"conflicts with stored data: {e}") from e
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+#: SQLite's primary result codes that mean the storage, not the statement, failed.
+_STORAGE_ERRNO = {
+    sqlite3.SQLITE_FULL: errno.ENOSPC,
+    sqlite3.SQLITE_READONLY: errno.EROFS,
+    sqlite3.SQLITE_IOERR: errno.EIO,
+    sqlite3.SQLITE_CANTOPEN: errno.EIO,
+}
+
+
+def storage_failure(e: sqlite3.Error, path: Path) -> StorageError | None:
+    """The :class:`StorageError` a SQLite error stands for (None: not the storage's)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is None or (code & 0xFF) not in _STORAGE_ERRNO:
+        return None
+    number = _STORAGE_ERRNO[code & 0xFF]
+    return storage_error(OSError(number, os.strerror(number)), path)
 
 
 def marks(values: Sequence[Any]) -> str:

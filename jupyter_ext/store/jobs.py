@@ -175,6 +175,11 @@ class JobQueries(Database):
         sql = "INSERT OR IGNORE INTO blob_owners (sha256, owner, uploaded_at) VALUES (?, ?, ?)"
         await self._write([(sql, (sha256, owner, now))])
 
+    async def forget_blob_owners(self, sha256s: Iterable[str]) -> None:
+        """Forget who uploaded these blobs (they were deleted)."""
+        sql = "DELETE FROM blob_owners WHERE sha256 = ?"
+        await self._write([(sql, (sha,)) for sha in sha256s])
+
     async def owns_blob(self, sha256: str, owner: str) -> bool:
         """Whether ``owner`` uploaded blob ``sha256``."""
         sql = "SELECT 1 FROM blob_owners WHERE sha256 = ? AND owner = ?"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from jupyter_ext import app
-from jupyter_ext.api import base, health, jobs, prometheus, sessions, tokens, training
+from jupyter_ext.api import base, health, jobs, prometheus, sessions, storage, tokens, training
 from jupyter_ext.api import worker_facing as W
 from jupyter_ext.api import workers as WK
 
@@ -110,6 +110,13 @@ async def _queued_job(ctx: Ctx) -> dict[str, Any]:
     return {"job_id": job["id"]}
 
 
+async def _ended_job(ctx: Ctx) -> dict[str, Any]:
+    _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=UNPLACEABLE)
+    status, _ = await ctx.as_("submitter", "jobs", job["id"], "cancel", method="POST")
+    assert status == 200
+    return {"job_id": job["id"]}
+
+
 async def _running_task(ctx: Ctx) -> dict[str, Any]:
     _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=PLACEABLE)
     status, got = await ctx.as_(
@@ -195,7 +202,14 @@ MATRIX: dict[type, dict[str, Case]] = {
     jobs.JobResultHandler: {
         "get": Case(lambda c, f: ("jobs", f["job_id"], "result"), _read(), fresh=_job_with_result),
     },
-    jobs.JobHandler: {"get": Case(JOB, _read())},
+    jobs.JobHandler: {
+        "get": Case(JOB, _read()),
+        "delete": Case(lambda c, f: ("jobs", f["job_id"]), {"admin": 204, "submitter": 204},
+                       fresh=_ended_job),
+    },
+    storage.GcHandler: {
+        "post": Case(lambda c, f: ("gc",), {"admin": 200}, body=lambda c, f: {}),
+    },
     jobs.JobWaitHandler: {
         "get": Case(lambda c, f: (*JOB(c, f), "wait"), _read(204), params={"timeout": "0"}),
     },

@@ -1,5 +1,6 @@
 """The sync client against canned answers (httpx.MockTransport), and config resolution."""
 
+import hashlib
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -167,10 +168,13 @@ def test_follow_logs_yields_each_line_once_across_pages_until_complete() -> None
     assert rec.requests[0].url.params["wait"] == "30.0"
 
 
+PNG_SHA = hashlib.sha256(b"png").hexdigest()
+
+
 def test_download_writes_artifacts_below_dest_and_refuses_escapes(tmp_path: Path) -> None:
     arts = contracts.ArtifactList(
         artifacts=[
-            contracts.Artifact(name="plots/loss.png", sha256="0" * 64, size=3, created_at=NOW),
+            contracts.Artifact(name="plots/loss.png", sha256=PNG_SHA, size=3, created_at=NOW),
             contracts.Artifact(name="../evil", sha256="1" * 64, size=1, created_at=NOW),
         ]
     )
@@ -211,12 +215,20 @@ def test_submit_a_string_runs_a_shell_and_a_list_runs_an_argv() -> None:
 
 def test_submit_with_a_workdir_uploads_the_bundle_first(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
-    sha = "a" * 64
-    rec = Recorder(answer(contracts.BlobRef(sha256=sha, size=10), 201), answer(job_model(), 201))
+
+    def store(request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        ref = contracts.BlobRef(sha256=hashlib.sha256(body).hexdigest(), size=len(body))
+        return answer(ref, 201)
+
+    rec = Recorder(store, answer(job_model(), 201))
     client.submit(["python", "train.py"], workdir=tmp_path, connection=rec.connection())
     upload, post = rec.requests
     assert upload.url.path.endswith("/blobs")
     assert upload.content[:2] == b"\x1f\x8b"  # gzip
+    sha = hashlib.sha256(upload.content).hexdigest()
+    assert upload.headers["X-Gpulayer-Sha256"] == sha
+    assert upload.headers["Content-Length"] == str(len(upload.content))
     assert contracts.JobSpec.model_validate_json(post.content).bundle == sha
 
 

@@ -2,12 +2,16 @@
 plane (the uplink) and fake runs, so each test checks one step of that path."""
 
 import asyncio
+import hashlib
 from collections.abc import Coroutine
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gpulayer.contracts import (
+    Artifact,
     Assignment,
     CellSpec,
     JobKind,
@@ -221,3 +225,93 @@ def test_released_tasks_report_lost_so_they_are_retried() -> None:
         assert not pipe.tasks
 
     drive(main())
+
+
+# ------------------------------------------------ artifacts that cannot be stored
+
+
+class StoringUplink(FakeUplink):
+    """Also takes artifact uploads, answering each with the next of ``answers``
+    (a status, or "wrong" for a 201 that names other content); 201 once they run out."""
+
+    def __init__(self, *answers: int | str) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.stored: dict[str, bytes] = {}
+
+    async def call(self, method: str, route: str, **kw: Any) -> httpx.Response:
+        if "/artifacts/" not in route:
+            return await super().call(method, route, **kw)
+        name = route.split("/artifacts/", 1)[1]
+        data = b"".join([chunk async for chunk in kw["content"]()])
+        assert kw["headers"]["Content-Length"] == str(len(data))
+        status = self.answers.pop(0) if self.answers else 201
+        if status == 507:
+            full = "the control plane's disk is full (/d/blobs)"
+            return httpx.Response(507, json={"code": "storage_full", "message": full})
+        sha = hashlib.sha256(b"other" if status == "wrong" else data).hexdigest()
+        self.stored[name] = data
+        art = Artifact(name=name, sha256=sha, size=len(data), created_at=datetime.now(UTC))
+        return httpx.Response(201, json=art.model_dump(mode="json"))
+
+
+class ArtifactLauncher(FakeLauncher):
+    """Gives each task a folder with one artifact, ``model.pt``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    async def prepare(self, task: TaskRecord) -> FakeRun:
+        folder = await task.make_dir(self.root)
+        (folder.artifacts / "model.pt").write_bytes(b"weights" * 1000)
+        return await super().prepare(task)
+
+
+def deliver_artifact(uplink: StoringUplink, tmp_path: Path) -> TaskCompletion:
+    async def main() -> TaskCompletion:
+        launcher = ArtifactLauncher(tmp_path)
+        pipe = Pipeline(
+            uplink,  # type: ignore[arg-type]  # a fake with Uplink's one method used here
+            launcher,  # type: ignore[arg-type]  # a fake with Launcher's two methods
+            slots=1,
+            log_batch_seconds=0.001,
+            heartbeat=no_heartbeat,
+            storage_retry_seconds=0.5,
+        )
+        pipe.start(assignment("t1"))
+        await launcher.runs["t1"].started.wait()
+        launcher.runs["t1"].finish.set()
+        return await uplink.completion("t1")
+
+    return asyncio.run(asyncio.wait_for(main(), DEADLINE_SECONDS))
+
+
+def test_an_artifact_the_full_control_plane_never_stores_fails_the_task_naming_it(
+    tmp_path: Path,
+) -> None:
+    uplink = StoringUplink(*[507] * 100)
+    done = deliver_artifact(uplink, tmp_path)
+    why = (
+        "artifact 'model.pt' not stored: HTTP 507 storage_full:"
+        " the control plane's disk is full (/d/blobs)"
+    )
+    assert (done.state, done.exit_code, done.reason, done.retry) == ("failed", 0, why, False)
+    assert (LogStream.system, why) in uplink.lines["t1"]
+    assert len(uplink.answers) < 100  # retried while it waited
+
+
+def test_an_artifact_stored_once_space_is_back_lets_the_task_succeed(tmp_path: Path) -> None:
+    uplink = StoringUplink(507, 507)
+    done = deliver_artifact(uplink, tmp_path)
+    assert (done.state, done.reason) == ("succeeded", None)
+    assert uplink.stored["model.pt"] == b"weights" * 1000
+
+
+def test_an_artifact_stored_as_other_content_is_resent_then_fails_the_task(
+    tmp_path: Path,
+) -> None:
+    assert deliver_artifact(StoringUplink("wrong"), tmp_path).state == "succeeded"
+    done = deliver_artifact(StoringUplink("wrong", "wrong", "wrong"), tmp_path)
+    assert done.state == "failed"
+    assert done.reason is not None and "artifact 'model.pt' arrived corrupt" in done.reason
