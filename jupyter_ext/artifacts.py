@@ -13,6 +13,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from .data_dir import private_dir
+
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -21,7 +23,7 @@ class BlobStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        private_dir(self.root / "tmp")
 
     def path(self, sha256: str) -> Path:
         """Where a blob lives (whether or not it exists); refuses non-hash names."""
@@ -41,7 +43,8 @@ class BlobStore:
         sha = hashlib.sha256(data).hexdigest()
         final = self.path(sha)
         if not final.is_file():
-            final.parent.mkdir(parents=True, exist_ok=True)
+            if not final.parent.is_dir():
+                private_dir(final.parent)
             fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
             try:
                 with os.fdopen(fd, "wb") as f:

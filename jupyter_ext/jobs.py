@@ -70,11 +70,10 @@ class Jobs:
     ) -> list[Job]:
         """Queue several jobs in one transaction (all or none), then place what fits."""
         core = self._core
-        await self._sessions.check_cells(specs, viewer)
         for spec in specs:
             self._check_blobs(spec)
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
-            await self._sessions.check(specs)
+            await self._sessions.check(specs, owner)
         now = core.clock()
         ids = [new_id() for _ in specs]
         stmts: list[Statement] = []
@@ -84,7 +83,7 @@ class Jobs:
         for job_id, spec in zip(ids, specs, strict=True):
             core.remember(job_id, spec)
             if spec.kind in (JobKind.cell, JobKind.session):
-                self._sessions.submitted(job_id, spec)
+                self._sessions.submitted(job_id, spec, owner)
         log.info("%d job(s) queued, first %s", len(ids), ids[0])
         try:
             await self._placer.schedule()

@@ -225,6 +225,7 @@ class Workers:
             spec=core.spec(job).model_copy(),
             gpu_indices=list(task.gpu_indices),
             gang=gangs.gang_of(task),
+            owner=job.owner,
         )
 
     # --------------------------------------------------------------- drain

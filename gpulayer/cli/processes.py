@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpulayer.private import open_private, private_dir
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8765
@@ -53,8 +55,8 @@ def spawn(
 ) -> "subprocess.Popen[bytes]":
     """Start ``argv`` in its own session, output appended to ``log_file``."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as out:
+    private_dir(log_file.parent)
+    with os.fdopen(open_private(log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
         # A new session: a Ctrl-C in the terminal reaches only the parent,
         # which stops the children in order (workers before the server).
         proc = subprocess.Popen(

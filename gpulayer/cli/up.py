@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from gpulayer.cli.cluster import LocalCluster
 
 
+TASK_USER_HELP = (
+    "who runs tasks when the worker is root (default: gpulayer-task, created when missing;"
+    " '' runs them as the worker's own user, which can read its data dir)"
+)
+
+
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``up``, ``join`` and ``demo`` to the ``gpulayer`` parser."""
     up = sub.add_parser("up", help="start a control plane and local workers here")
@@ -35,6 +41,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     up.add_argument("--keyfile", type=Path, help="the key of --certfile")
     up.add_argument("--no-save-config", action="store_true",
                     help="do not save the connection for gl.connect()")  # fmt: skip
+    up.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     up.set_defaults(func=_up)
 
     join = sub.add_parser("join", help="run a worker for the control plane at URL")
@@ -55,6 +62,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                       help="Python function runners started ahead of the first call")  # fmt: skip
     join.add_argument("--runner-max-calls", type=int, default=1000, metavar="N",
                       help="calls before a function runner is replaced by a fresh one")  # fmt: skip
+    join.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_demo)
@@ -77,12 +85,15 @@ def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots,
                            tls=True if args.tls or args.certfile else None,
-                           certfile=args.certfile, keyfile=args.keyfile)  # fmt: skip
+                           certfile=args.certfile, keyfile=args.keyfile,
+                           task_user=args.task_user)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         output.note(f"starting the gpulayer control plane and {args.local_workers} local"
                     f" worker(s) in {data_dir} ...")  # fmt: skip
+        if args.local_workers and (as_you := _tasks_run_as_you(args.task_user)):
+            output.note(as_you)
         cluster.start()
         try:
             _print_up(cluster, args, data_dir)
@@ -99,6 +110,19 @@ def _up(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _tasks_run_as_you(task_user: str | None) -> str | None:
+    """The one line that says local tasks run as this user (None when they do not)."""
+    if os.geteuid() == 0 and task_user != "":
+        return None
+    import getpass
+
+    return (
+        f"note: local tasks run as you ({getpass.getuser()}) and can read your files,"
+        " this data dir and its admin token included; start `gpulayer up` as root to run"
+        " them as the unprivileged user gpulayer-task (docs/security.md)"
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -151,7 +175,7 @@ def _join(args: argparse.Namespace) -> int:
         url=args.join_url, token=args.token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
-        address=args.address,
+        address=args.address, task_user=args.task_user,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer.errors import ConfigError
+from gpulayer.private import private_dir
 
 _HOW_TO_FIX = (
     "run `gpulayer up`, or set GPULAYER_URL and GPULAYER_TOKEN, or call gl.connect(url, token)"
@@ -83,7 +84,8 @@ def save(cfg: ConnectionConfig, path: Path | None = None) -> Path:
         Where it was written.
     """
     path = path or config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        private_dir(path.parent)
     # Create with 0600 from the start: the file holds a token, so it is never
     # world-readable, not even between open() and chmod().
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

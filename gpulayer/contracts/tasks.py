@@ -33,6 +33,11 @@ class Assignment(DocumentModel):
     spec: JobSpec
     gpu_indices: list[int] = []
     gang: Gang | None = Field(default=None, description="distributed jobs: the rendezvous")
+    owner: str = Field(
+        default="",
+        description="the job's owner: a worker keeps function runners and session kernels"
+        " per owner, never shared",
+    )
 
 
 class Acquired(DocumentModel):

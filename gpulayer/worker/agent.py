@@ -20,6 +20,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -35,14 +36,15 @@ import gpulayer
 from gpulayer import contracts as c
 from gpulayer import tls
 from gpulayer.errors import ConfigError
-from gpulayer.worker import devices
+from gpulayer.private import private_dir, tighten
+from gpulayer.worker import devices, spawning, task_user
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.pipeline import Pipeline
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
-from gpulayer.worker.workspace import inherited_env
+from gpulayer.worker.workspace import inherited_env, make_tasks_root
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class AgentConfig:
     warm_runners: int = 1  # function runners started ahead of the first call
     runner_max_calls: int = 1000  # calls before a function runner is replaced
     address: str | None = None  # where other workers reach this one (gang rendezvous)
+    # Who runs tasks when the worker is root: None for gpulayer-task, "" for the worker's user.
+    task_user: str | None = None
 
 
 class Agent:
@@ -77,6 +81,9 @@ class Agent:
         self.data_dir = Path(
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
         ).absolute()
+        private_dir(self.data_dir)  # its token's blobs and caches: this user's only
+        tighten(self.data_dir)
+        self.tasks_root = make_tasks_root(self.name)  # outside the data dir
         self.devices = devices.discover()
         self._gpu_telemetry = GpuTelemetry(self.devices)
         self._trees = TreeSampler()
@@ -92,6 +99,7 @@ class Agent:
         )
         self._runners = RunnerPool(
             inherited_env(),
+            homes=self.tasks_root,
             max_idle=config.slots,
             max_calls=config.runner_max_calls,
             prestart=config.warm_runners,
@@ -99,7 +107,7 @@ class Agent:
         self._kernels = KernelHost()
         launcher = Launcher(
             worker_name=self.name,
-            tasks_root=self.data_dir / "tasks",
+            tasks_root=self.tasks_root,
             runners=self._runners,
             kernels=self._kernels,
             blob=self._uplink.blob,
@@ -134,6 +142,7 @@ class Agent:
             )
         await self._runners.close()
         await self._kernels.close()
+        await asyncio.to_thread(shutil.rmtree, self.tasks_root, True)
 
     # ---------------------------------------------------------- registration
 
@@ -251,7 +260,13 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
         If ``GPULAYER_SIMULATED_GPUS`` is malformed.
     GpulayerError
         If the worker cannot be described or the first registration is rejected.
+    ConfigError
+        If its task user cannot be had or cannot run this Python (one line).
     """
+    user = await asyncio.to_thread(task_user.resolve, config.task_user)
+    spawning.use_task_user(user)
+    if user is not None:
+        log.info("tasks run as %s (uid %d)", user.name, user.uid)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:

@@ -16,10 +16,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -31,6 +32,7 @@ from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
+from gpulayer.worker.workspace import open_owned
 
 log = logging.getLogger(__name__)
 
@@ -223,15 +225,22 @@ class Pipeline:
         up (a body over the server's limit closes the connection) counts as a strike;
         after a few the file is given up rather than retried forever."""
         route = f"tasks/{task.id}/artifacts/" + "/".join(quote(s, safe="") for s in name.split("/"))
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Content-Length": str(path.stat().st_size),
-        }
+        # The task's own regular file: never one a link it planted points at.
+        with await asyncio.to_thread(open_owned, path) as f:
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(os.fstat(f.fileno()).st_size),
+            }
+            await self._put_artifact(task, name, route, f, headers)
+
+    async def _put_artifact(
+        self, task: TaskRecord, name: str, route: str, f: BinaryIO, headers: dict[str, str]
+    ) -> None:
         strikes, delay = 0, BACKOFF_START_SECONDS
         while True:
             try:
                 resp = await self._uplink.call(
-                    "PUT", route, content=lambda: _file_chunks(path), headers=headers, retry=False
+                    "PUT", route, content=lambda: _file_chunks(f), headers=headers, retry=False
                 )
                 if resp.status_code < 500:
                     break
@@ -261,7 +270,8 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:
-        while chunk := await asyncio.to_thread(f.read, _CHUNK_BYTES):
-            yield chunk
+async def _file_chunks(f: BinaryIO) -> AsyncIterator[bytes]:
+    """The file from its start (each attempt of an upload reads it again)."""
+    await asyncio.to_thread(f.seek, 0)
+    while chunk := await asyncio.to_thread(f.read, _CHUNK_BYTES):
+        yield chunk

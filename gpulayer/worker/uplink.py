@@ -11,7 +11,6 @@ registers again under the same name, listing its running tasks, and carries on.
 import asyncio
 import hashlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -28,6 +27,7 @@ from gpulayer.errors import (
     ValidationError,
     error_for_code,
 )
+from gpulayer.private import private_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,6 @@ def error_for(resp: httpx.Response, what: str) -> GpulayerError:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    if not path.parent.is_dir():
+        private_dir(path.parent)
+    write_private(path, data)
