@@ -22,6 +22,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 import gpulayer as gl
 from gpulayer import contracts, errors
+from gpulayer.cli.processes import free_port
 from gpulayer.client import Connection
 from gpulayer.cluster import LocalCluster
 
@@ -205,3 +206,27 @@ def test_join_says_in_one_line_when_the_task_user_cannot_run_this_python(tmp_pat
     [line] = out.stderr.strip().splitlines()
     assert line.startswith("gpulayer: error: tasks run as the unprivileged user gpulayer-task")
     assert "--task-user ''" in line and "chmod o+x" in line
+
+
+@ROOT_ONLY
+def test_up_as_a_normal_user_says_in_one_line_that_tasks_run_as_that_user(gl_shared_dir):
+    nobody = pwd.getpwnam("nobody")
+    data = gl_shared_dir / "data"
+    env = {**os.environ, "HOME": str(gl_shared_dir)}
+    argv = [PY, "-m", "gpulayer", "up", "--data-dir", str(data), "--no-save-config",
+            "--port", str(free_port())]  # fmt: skip
+    with subprocess.Popen(
+        argv, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], env=env,
+        cwd=gl_shared_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stderr is not None and proc.stdout is not None
+            notes = [proc.stderr.readline(), proc.stderr.readline()]
+            [line] = [n for n in notes if n.startswith("note:")]
+            assert "local tasks run as you (nobody) and can read your files" in line
+            url = next(ln.split()[-1] for ln in proc.stdout if ln.startswith("control plane:"))
+            with Connection(url, (data / "admin.token").read_text().strip()) as conn:
+                job = gl.submit(["id", "-u"], connection=conn).wait(timeout=60)
+                assert job.logs()[-1] == str(nobody.pw_uid)  # as said: tasks are nobody's
+        finally:
+            proc.terminate()
