@@ -130,6 +130,8 @@ class Agent:
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
         await self._uplink.register()
+        if (user := spawning.task_user()) is not None:
+            log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop())
 
     async def shutdown(self) -> None:
@@ -265,8 +267,6 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     """
     user = await asyncio.to_thread(task_user.resolve, config.task_user)
     spawning.use_task_user(user)
-    if user is not None:
-        log.info("tasks run as %s (uid %d)", user.name, user.uid)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:
