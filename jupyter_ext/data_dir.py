@@ -29,6 +29,11 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
         except FileExistsError:  # made meanwhile
             continue
         p.chmod(DIR_MODE)  # mkdir's mode passes through the umask
+    # Ours, not a folder (or a link) someone made in advance, e.g. in /tmp.
+    st, link = path.stat(), path.lstat()
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or link.st_uid != me:
+        raise PermissionError(f"{path} is not this user's folder: its files would not be private")
     path.chmod(DIR_MODE)
     return path
 
