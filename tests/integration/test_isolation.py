@@ -230,3 +230,28 @@ def test_up_as_a_normal_user_says_in_one_line_that_tasks_run_as_that_user(gl_sha
                 assert job.logs()[-1] == str(nobody.pw_uid)  # as said: tasks are nobody's
         finally:
             proc.terminate()
+
+
+def test_two_owners_each_run_cells_in_their_own_session_main_on_one_worker(cluster, conn):
+    names = ("carol", "dave")
+    tokens = {n: conn.create_token(contracts.CreateToken(name=n, role="submitter")).token
+              for n in names}  # fmt: skip
+
+    def cell(c: Connection, source: str) -> str:
+        spec = contracts.JobSpec(kind="cell", cell={"source": source, "session": "main"})
+        job = c.wait(c.submit(spec).id, timeout=90)
+        assert job.state == "succeeded", job.reason
+        return "".join(ln.text for ln in c.logs(job.id).lines)
+
+    conns = {n: Connection(cluster.url, tokens[n]) for n in names}
+    try:
+        for n in names:
+            conns[n].create_session(contracts.CreateSession(name="main"))
+        for n in names:
+            cell(conns[n], f"owner = {n!r}")
+        for n in names:  # each kernel kept its own owner's state
+            assert f"{n}\\n" in cell(conns[n], "print(owner)")
+    finally:
+        for n in names:
+            conns[n].end_session("main")
+            conns[n].close()
