@@ -230,35 +230,22 @@ class Sessions:
             cells=self._cells_run.get(row.id, 0),
         )
 
-    async def find(self, name: str, viewer: Principal | None = None) -> JobRecord:
-        """The running session ``name`` of ``viewer`` (its own first). A viewer that
-        sees every owner's sessions (admin, viewer) gets another owner's session of
-        that name when there is exactly one.
+    async def find(
+        self, name: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> JobRecord:
+        """The running session ``name`` of ``owner`` (default: ``viewer``'s own), as
+        ``viewer`` may see it: only an admin or a viewer may name another owner.
 
         Raises
         ------
         NotFound
-            When there is none (or only another owner's, for a submitter).
-        Conflict
-            When several other owners have one of that name (an admin ends one by
-            cancelling its job).
+            When there is none (or it is another owner's and ``viewer`` is a submitter).
         """
-        active = await self.active()
-        own = None if viewer is None else active.get((viewer.name, name))
-        if own is not None:
-            return own
-        if access.owner_scope(viewer) is None:
-            rows = [r for (_, n), r in active.items() if n == name]
-            if len(rows) == 1:
-                return rows[0]
-            if rows:
-                owners = ", ".join(sorted(r.owner for r in rows))
-                raise Conflict(
-                    f"sessions named {name!r} of several owners run ({owners}); end one by"
-                    " cancelling its job (gpulayer cancel JOB_ID)",
-                    field="name",
-                )
-        raise NotFound(f"no session named {name!r}")
+        who = owner if owner is not None else (viewer.name if viewer is not None else None)
+        row = None if who is None else (await self.active()).get((who, name))
+        if row is None or not access.may_see(viewer, row):
+            raise NotFound(f"no session named {name!r}")
+        return row
 
 
 class JobControl(Protocol):
@@ -301,13 +288,17 @@ class SessionService:
         rows = (await self._sessions.active()).values()
         return [await self._sessions.model(r) for r in rows if access.may_see(viewer, r)]
 
-    async def get(self, name: str, viewer: Principal | None = None) -> Session:
-        """One running session."""
-        return await self._sessions.model(await self._sessions.find(name, viewer))
+    async def get(
+        self, name: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> Session:
+        """One running session (``viewer``'s own unless ``owner`` is named)."""
+        return await self._sessions.model(await self._sessions.find(name, viewer, owner))
 
-    async def end(self, name: str, by: str, viewer: Principal | None = None) -> None:
+    async def end(
+        self, name: str, by: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> None:
         """End a session: its kernel is shut down, its slot and GPUs freed."""
-        row = await self._sessions.find(name, viewer)
+        row = await self._sessions.find(name, viewer, owner)
         await self._jobs.cancel(row.id, by, reason=f"ended by {by}")
 
 

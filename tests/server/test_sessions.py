@@ -156,11 +156,15 @@ async def test_session_names_are_per_owner_and_hidden_from_other_owners(gl_api):
     assert placed["job_id"] == c["id"] and placed["owner"] == "bob"
     assert placed["spec"]["cell"]["session"] == "main"
 
-    # An admin sees both; a bare name that two owners use is ambiguous for it.
+    # An admin sees both, and names the owner to read one; a submitter cannot.
     _, everyone = await gl_api("sessions")
     assert sorted(s["owner"] for s in everyone["sessions"]) == ["ada", "bob"]
-    status, both = await gl_api("sessions", "main")
-    assert status == 409 and "ada, bob" in both["message"]
+    status, _ = await gl_api("sessions", "main")
+    assert status == 404  # the admin's own "main": there is none
+    _, hers = await gl_api("sessions", "main", params={"owner": "ada"})
+    assert hers["job_id"] == a["job_id"]
+    status, _ = await gl_api("sessions", "main", params={"owner": "ada"}, token=bob)
+    assert status == 404
 
     # Ending bob's "main" leaves ada's running.
     status, _ = await gl_api("sessions", "main", method="DELETE", token=bob)
