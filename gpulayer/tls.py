@@ -258,5 +258,7 @@ def ensure_certificate(
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(key_pem)
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    fd = os.open(cert_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:  # public, but it lives in a data dir that is 0600 throughout
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
     return cert_file, key_file

@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO
 
 from gpulayer import bundle
 from gpulayer.errors import TransferError
@@ -146,11 +146,17 @@ class HashingWriter:
 
 def digest_file(path: str | os.PathLike[str]) -> Digest:
     """A file's sha256 and size, read a chunk at a time (blocking)."""
-    h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            h.update(chunk)
-            size += len(chunk)
+        return digest_fileobj(f)
+
+
+def digest_fileobj(f: BinaryIO) -> Digest:
+    """An open file's sha256 and size, from its start, a chunk at a time (blocking)."""
+    f.seek(0)
+    h, size = hashlib.sha256(), 0
+    while chunk := f.read(CHUNK_BYTES):
+        h.update(chunk)
+        size += len(chunk)
     return Digest(h.hexdigest(), size)
 
 

@@ -26,7 +26,7 @@ from gpulayer.contracts import (
     plain_text,
 )
 
-from . import api, prometheus
+from . import api, data_dir, prometheus
 from .api.base import AppState, GpulayerAPIHandler, Limits, Running
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
@@ -205,7 +205,9 @@ class GpulayerApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
         data = Path(self.data_dir)
-        data.mkdir(parents=True, exist_ok=True)
+        if tightened := await asyncio.to_thread(data_dir.secure, data):
+            self.log.warning("gpulayer: %d files or folders in %s were readable by others;"
+                             " now only their owner may read them", tightened, data)  # fmt: skip
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter)

@@ -29,6 +29,8 @@ from typing import BinaryIO
 
 from gpulayer.errors import GpulayerError, PayloadTooLarge, ValidationError, storage_error
 
+from .data_dir import private_dir
+
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[0-9a-f]{2}")
 CHUNK_BYTES = 1024 * 1024
@@ -48,7 +50,7 @@ class BlobStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        private_dir(self.root / "tmp")
 
     def path(self, sha256: str) -> Path:
         """Where a blob lives (whether or not it exists); refuses non-hash names."""
@@ -77,7 +79,8 @@ class BlobStore:
             if final.is_file():
                 os.utime(final)  # stored again: young again for the collector
                 return sha, len(data)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            if not final.parent.is_dir():
+                private_dir(final.parent)
             fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -247,7 +250,8 @@ class BlobUpload:
             )
         final = self._store.path(sha)
         if not final.is_file():
-            final.parent.mkdir(parents=True, exist_ok=True)
+            if not final.parent.is_dir():
+                private_dir(final.parent)
             os.replace(self._tmp, final)
         return sha, self.size
 

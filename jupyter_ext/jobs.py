@@ -168,11 +168,10 @@ class Jobs:
         """Check, store (with the key, in the same transaction) and place new jobs."""
         core = self._core
         await self._check_queue_quota(owner, len(specs))
-        await self._sessions.check_cells(specs, viewer)
         for spec in specs:
             await self._check_blobs(spec, viewer)
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
-            await self._sessions.check(specs)
+            await self._sessions.check(specs, owner)
         now = core.clock()
         ids = [new_id() for _ in specs]
         stmts: list[Statement] = []
@@ -184,7 +183,7 @@ class Jobs:
         for job_id, spec in zip(ids, specs, strict=True):
             core.remember(job_id, spec)
             if spec.kind in (JobKind.cell, JobKind.session):
-                self._sessions.submitted(job_id, spec)
+                self._sessions.submitted(job_id, spec, owner)
         log.info("%d job(s) queued, first %s", len(ids), ids[0])
         try:
             await self._placer.schedule()

@@ -9,9 +9,12 @@ runs, then is placed on the session's worker with the session's GPUs and does
 not count against the worker's slots. A cell that names a session that ended
 is cancelled with a reason that says so.
 
-Names are unique among sessions that have not ended. The bookkeeping here is
-in memory (open cells, last activity) and rebuilt from the store by
-:meth:`Sessions.recover` after a restart, when idle clocks start again.
+Names are per owner: two owners may each have a session ``main``, and neither
+can see, probe or run cells in the other's (a cell names a session of its own
+job's owner; the worker keys kernels by owner too). A name is unique among one
+owner's sessions that have not ended. The bookkeeping here is in memory (open
+cells, last activity) and rebuilt from the store by :meth:`Sessions.recover`
+after a restart, when idle clocks start again.
 """
 
 from collections.abc import Sequence
@@ -26,6 +29,9 @@ from .core import Core, new_id
 from .store import JobRecord, Statement, as_datetime, as_optional_datetime
 from .transitions import job_to, placed_on
 
+#: A session: ``(owner, name)``.
+Key = tuple[str, str]
+
 
 class Sessions:
     """Session bookkeeping (the core's lock guards the placement parts)."""
@@ -33,8 +39,8 @@ class Sessions:
     def __init__(self, core: Core) -> None:
         self._core = core
         self.idle_seconds = core.settings.session_idle_seconds
-        self.open_cells: dict[str, str] = {}  # cell job id (in a session) -> session name
-        self._activity: dict[str, float] = {}  # session name -> last submit or end of a cell
+        self.open_cells: dict[str, Key] = {}  # cell job id (in a session) -> its session
+        self._activity: dict[Key, float] = {}  # session -> last submit or end of a cell
         self._cells_run: dict[str, int] = {}  # session job id -> cells that ended
         # Sessions asked to end whose worker has not confirmed yet: their name is free.
         self.ending: set[str] = set()
@@ -44,13 +50,13 @@ class Sessions:
 
     # ------------------------------------------------------------ queries
 
-    async def active(self) -> dict[str, JobRecord]:
-        """Sessions that have not ended, by name."""
+    async def active(self) -> dict[Key, JobRecord]:
+        """Sessions that have not ended, by owner and name."""
         out = {}
         for r in await self._core.store.active_kernel_jobs():
             session = self._spec(r).session
             if session is not None and r.id not in self.ending:
-                out[session.name] = r
+                out[r.owner, session.name] = r
         return out
 
     async def recover(self) -> None:
@@ -59,43 +65,47 @@ class Sessions:
         for r in await self._core.store.active_kernel_jobs():
             spec = self._spec(r)
             if spec.in_session:
-                self.open_cells[r.id] = spec.in_session
+                self.open_cells[r.id] = (r.owner, spec.in_session)
             elif spec.session is not None:
-                self._activity[spec.session.name] = now
+                self._activity[r.owner, spec.session.name] = now
 
-    async def check(self, specs: Sequence[JobSpec]) -> None:
-        """Refuse sessions whose name is taken and cells of unknown sessions.
+    async def check(self, specs: Sequence[JobSpec], owner: str) -> None:
+        """Refuse ``owner``'s sessions whose name it already uses, and its cells in
+        sessions it does not have (another owner's session of that name does not count).
 
         Raises
         ------
         Conflict
-            A session of that name has not ended yet.
+            A session of that name of this owner has not ended yet.
         NotFound
-            A cell names a session that does not exist (or ended).
+            A cell names a session that does not exist (or ended, or is another's).
         """
         active = await self.active()
         new = set()
         for spec in specs:
             if spec.session is not None:
                 name = spec.session.name
-                if name in active or name in new:
+                if (owner, name) in active or name in new:
                     raise Conflict(f"a session named {name!r} is already running", field="name")
                 new.add(name)
-            elif spec.in_session and spec.in_session not in active | dict.fromkeys(new):
+            elif spec.in_session and (owner, spec.in_session) not in active:
+                if spec.in_session in new:
+                    continue
                 raise NotFound(
                     f"no session named {spec.in_session!r}; start one with POST sessions"
                     f" (or %%gpulayer --session {spec.in_session})",
                     field="cell.session",
                 )
 
-    def submitted(self, job_id: str, spec: JobSpec) -> None:
-        """Note a new session or cell."""
+    def submitted(self, job_id: str, spec: JobSpec, owner: str) -> None:
+        """Note a new session or cell of ``owner``."""
         now = self._core.clock()
         if spec.session is not None:
-            self._activity[spec.session.name] = now
+            self._activity[owner, spec.session.name] = now
         elif spec.in_session:
-            self.open_cells[job_id] = spec.in_session
-            self._activity[spec.in_session] = now
+            key = (owner, spec.in_session)
+            self.open_cells[job_id] = key
+            self._activity[key] = now
 
     def idle_timeout(self, spec: JobSpec) -> float:
         """A session's idle timeout (its own or the configured default)."""
@@ -128,12 +138,13 @@ class Sessions:
         return stmts, out
 
     async def _place_cell(
-        self, now: float, job: JobRecord, active: dict[str, JobRecord]
+        self, now: float, job: JobRecord, active: dict[Key, JobRecord]
     ) -> tuple[list[Statement], str] | None:
         """One waiting cell: placed on its session's worker (with its GPUs), cancelled
         when the session ended, or None while the session's kernel is starting."""
-        name = self.open_cells[job.id]
-        session = active.get(name)
+        key = self.open_cells[job.id]
+        name = key[1]
+        session = active.get(key)
         if session is None:
             why = f"session {name!r} has ended; start it again to run cells in it"
             self.cell_ended(job.id)
@@ -154,16 +165,16 @@ class Sessions:
 
     def cell_ended(self, job_id: str) -> None:
         """A cell in a session ended: its session was active just now."""
-        name = self.open_cells.pop(job_id, None)
-        if name is not None:
-            self._activity[name] = self._core.clock()
+        key = self.open_cells.pop(job_id, None)
+        if key is not None:
+            self._activity[key] = self._core.clock()
 
     def session_ended(self, job_id: str) -> None:
         """Forget what was counted for an ended session."""
         self._cells_run.pop(job_id, None)
         self.ending.discard(job_id)
 
-    def count_cell(self, session: str, active: dict[str, JobRecord]) -> None:
+    def count_cell(self, session: Key, active: dict[Key, JobRecord]) -> None:
         """One more cell of ``session`` ended."""
         row = active.get(session)
         if row is not None:
@@ -176,7 +187,7 @@ class Sessions:
             return
         spec = self._spec(row)
         if spec.in_session and job_id in self.open_cells:
-            self.count_cell(spec.in_session, await self.active())
+            self.count_cell(self.open_cells[job_id], await self.active())
             self.cell_ended(job_id)
         elif spec.kind == JobKind.session:
             self.session_ended(job_id)
@@ -185,11 +196,11 @@ class Sessions:
         """``(job id, reason)`` of running sessions idle past their timeout."""
         busy = set(self.open_cells.values())
         out = []
-        for name, row in (await self.active()).items():
-            if row.state != JobState.running or name in busy:
+        for key, row in (await self.active()).items():
+            if row.state != JobState.running or key in busy:
                 continue
             timeout = self.idle_timeout(self._spec(row))
-            since = max(self._activity.get(name, now), row.started_at or now)
+            since = max(self._activity.get(key, now), row.started_at or now)
             if now - since > timeout:
                 out.append((row.id, f"ended after {_human(timeout)} without a cell"))
         return out
@@ -202,7 +213,7 @@ class Sessions:
         assert spec.session is not None
         task = await self._core.current_task(row.id)
         names = await self._core.fleet.all_names()
-        last = self._activity.get(spec.session.name)
+        last = self._activity.get((row.owner, spec.session.name))
         running = row.state == JobState.running
         return Session(
             name=spec.session.name,
@@ -219,25 +230,22 @@ class Sessions:
             cells=self._cells_run.get(row.id, 0),
         )
 
-    async def find(self, name: str, viewer: Principal | None = None) -> JobRecord:
-        """The running session ``name``, as ``viewer`` may see it.
+    async def find(
+        self, name: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> JobRecord:
+        """The running session ``name`` of ``owner`` (default: ``viewer``'s own), as
+        ``viewer`` may see it: only an admin or a viewer may name another owner.
 
         Raises
         ------
         NotFound
-            When there is none (or it is another owner's).
+            When there is none (or it is another owner's and ``viewer`` is a submitter).
         """
-        row = (await self.active()).get(name)
+        who = owner if owner is not None else (viewer.name if viewer is not None else None)
+        row = None if who is None else (await self.active()).get((who, name))
         if row is None or not access.may_see(viewer, row):
             raise NotFound(f"no session named {name!r}")
         return row
-
-    async def check_cells(self, specs: Sequence[JobSpec], viewer: Principal | None) -> None:
-        """Refuse cells in a session ``viewer`` may not see, as if it did not exist."""
-        if access.owner_scope(viewer) is None:
-            return
-        for name in {s.in_session for s in specs if s.in_session}:
-            await self.find(name, viewer)
 
 
 class JobControl(Protocol):
@@ -281,13 +289,17 @@ class SessionService:
         rows = (await self._sessions.active()).values()
         return [await self._sessions.model(r) for r in rows if access.may_see(viewer, r)]
 
-    async def get(self, name: str, viewer: Principal | None = None) -> Session:
-        """One running session."""
-        return await self._sessions.model(await self._sessions.find(name, viewer))
+    async def get(
+        self, name: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> Session:
+        """One running session (``viewer``'s own unless ``owner`` is named)."""
+        return await self._sessions.model(await self._sessions.find(name, viewer, owner))
 
-    async def end(self, name: str, by: str, viewer: Principal | None = None) -> None:
+    async def end(
+        self, name: str, by: str, viewer: Principal | None = None, owner: str | None = None
+    ) -> None:
         """End a session: its kernel is shut down, its slot and GPUs freed."""
-        row = await self._sessions.find(name, viewer)
+        row = await self._sessions.find(name, viewer, owner)
         await self._jobs.cancel(row.id, by, reason=f"ended by {by}")
 
 

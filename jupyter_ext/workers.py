@@ -326,6 +326,7 @@ class Workers:
             gpu_indices=list(task.gpu_indices),
             gang=gangs.gang_of(task),
             api_token=api_token,
+            owner=job.owner,
         )
 
     # --------------------------------------------------------------- drain

@@ -5,6 +5,9 @@ data (SQLite file, blobs, bootstrap tokens) under the test's ``tmp_path``.
 """
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,21 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 def gl_data_dir(tmp_path: Path) -> Path:
     """The control plane's data directory for this test."""
     return tmp_path / "gpulayer-data"
+
+
+@pytest.fixture
+def gl_shared_dir() -> Iterator[Path]:
+    """A folder that jobs may read and write (mode 0777, in the system temp dir).
+
+    Jobs of a worker that runs as root run as the unprivileged task user
+    (``gpulayer-task``), which cannot enter ``tmp_path`` (``/tmp/pytest-of-root`` is
+    0700): a test whose job leaves a file for the test, or reads one the test wrote,
+    uses this folder instead.
+    """
+    path = Path(tempfile.mkdtemp(prefix="gl-shared-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

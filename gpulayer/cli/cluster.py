@@ -48,6 +48,7 @@ from gpulayer.cli.processes import (
 )
 from gpulayer.client import Connection
 from gpulayer.errors import GpulayerError, NotFound
+from gpulayer.private import private_dir
 from gpulayer.worker import credential
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,9 @@ class LocalCluster:
         What ``python -m`` runs as the control plane: ``jupyter_ext`` (headless, the
         default) or ``jupyterlab`` (JupyterLab with the control plane and the sidebar
         inside, as the browser tests run it).
+    task_user
+        ``--task-user`` of the local workers: None for their default (``gpulayer-task``
+        when root), ``""`` to run tasks as this user.
 
     Examples
     --------
@@ -124,6 +128,7 @@ class LocalCluster:
         keyfile: str | os.PathLike[str] | None = None,
         server_args: Sequence[str] = (),
         server_module: str = "jupyter_ext",
+        task_user: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.tls = (not is_loopback(host) or certfile is not None) if tls is None else tls
@@ -133,6 +138,7 @@ class LocalCluster:
         self.keyfile = None if keyfile is None else Path(keyfile)
         self.server_args = list(server_args)
         self.server_module = server_module
+        self.task_user = task_user
         self._fingerprint: str | None = None
         self.host = host
         self.port = port
@@ -231,7 +237,8 @@ class LocalCluster:
             If a process exits early or is not ready within 60 s; the message
             carries the tail of its log. Everything started so far is stopped.
         """
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)  # tokens, db, logs: only this user may read them
+        private_dir(self.log_dir)
         if self.port is None:
             self.port = free_port(self.host or "127.0.0.1")
         if self.tls and self.certfile is None:
@@ -371,6 +378,8 @@ class LocalCluster:
                 "--data-dir", str(self.data_dir / "workers" / name)]  # fmt: skip
         for key, value in (labels or {}).items():
             argv += ["--label", f"{key}={value}"]
+        if self.task_user is not None:
+            argv += ["--task-user", self.task_user]
         extra = {**(env or {}), "GPULAYER_JOIN_TOKEN": self.join_token}
         if self._fingerprint is not None:
             argv += ["--fingerprint", self._fingerprint]

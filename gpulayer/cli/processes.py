@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpulayer.private import open_private, private_dir
 from gpulayer.worker.spawning import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,8 @@ def spawn(
     or worker never outlives the ``gpulayer up`` (or test) that started it. Call it
     from a thread that lives as long as the process (the main thread)."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as out:
+    private_dir(log_file.parent)
+    with os.fdopen(open_private(log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
         # A new session: a Ctrl-C in the terminal reaches only the parent,
         # which stops the children in order (workers before the server). A worker
         # killed with its parent takes its tasks along (gpulayer/worker/spawning.py).

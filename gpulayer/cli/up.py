@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from gpulayer.cli.cluster import LocalCluster
 
 
+TASK_USER_HELP = (
+    "who runs tasks when the worker is root (default: gpulayer-task, created when missing;"
+    " '' runs them as the worker's own user, which can read its data dir)"
+)
+
+
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``up``, ``join`` and ``demo`` to the ``gpulayer`` parser."""
     up = sub.add_parser("up", help="start a control plane and local workers here")
@@ -50,6 +56,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     )
     up.add_argument("--no-save-config", action="store_true",
                     help="do not save the connection for gl.connect()")  # fmt: skip
+    up.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     up.set_defaults(func=_up)
 
     join = sub.add_parser("join", help="run a worker for the control plane at URL")
@@ -76,6 +83,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     join.add_argument("--register-timeout", type=bounded(float, 0), default=60.0, metavar="S",
                       help="give up when the first registration gets no answer in S seconds"
                            " (0: keep trying; later outages are always waited out)")  # fmt: skip
+    join.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_demo)
@@ -101,12 +109,15 @@ def _up(args: argparse.Namespace) -> int:
                            tls=True if args.tls or args.certfile else None,
                            certfile=args.certfile, keyfile=args.keyfile,
                            heartbeat_seconds=args.heartbeat_seconds,
-                           lease_seconds=args.lease_seconds)  # fmt: skip
+                           lease_seconds=args.lease_seconds,
+                           task_user=args.task_user)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         output.note(f"starting the gpulayer control plane and {args.local_workers} local"
                     f" worker(s) in {data_dir} ...")  # fmt: skip
+        if args.local_workers and (as_you := _tasks_run_as_you(args.task_user)):
+            output.note(as_you)
         cluster.start()
         try:
             _print_up(cluster, args, data_dir)
@@ -136,6 +147,19 @@ def _check_timings(heartbeat: float | None, lease: float | None) -> None:
             f"--lease-seconds ({hold:g}) must be more than twice --heartbeat-seconds ({beat:g})",
             field="lease",
         )
+
+
+def _tasks_run_as_you(task_user: str | None) -> str | None:
+    """The one line that says local tasks run as this user (None when they do not)."""
+    if os.geteuid() == 0 and task_user != "":
+        return None
+    import getpass
+
+    return (
+        f"note: local tasks run as you ({getpass.getuser()}) and can read your files,"
+        " this data dir and its admin token included; start `gpulayer up` as root to run"
+        " them as the unprivileged user gpulayer-task (docs/security.md)"
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -226,7 +250,7 @@ def _join(args: argparse.Namespace) -> int:
         url=args.join_url, token=token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
-        address=args.address, insecure=args.insecure,
+        address=args.address, insecure=args.insecure, task_user=args.task_user,
         first_registration_seconds=args.register_timeout,
     )  # fmt: skip
     logging.basicConfig(

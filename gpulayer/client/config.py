@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer.errors import ConfigError
+from gpulayer.private import private_dir
 
 #: How long waits, follows and submits ride through an unreachable control plane.
 DEFAULT_RECONNECT_SECONDS = 120.0
@@ -91,7 +92,8 @@ def save(cfg: ConnectionConfig, path: Path | None = None) -> Path:
         Where it was written.
     """
     path = path or config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        private_dir(path.parent)
     # Create with 0600 from the start: the file holds a token, so it is never
     # world-readable, not even between open() and chmod().
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -38,6 +38,11 @@ class Assignment(DocumentModel):
         description="api_access jobs: the task's own token (its owner's, role submitter),"
         " revoked when the task ends",
     )
+    owner: str = Field(
+        default="",
+        description="the job's owner: a worker keeps function runners and session kernels"
+        " per owner, never shared",
+    )
 
 
 class Acquired(DocumentModel):

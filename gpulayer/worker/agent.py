@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -41,7 +42,8 @@ import gpulayer
 from gpulayer import contracts as c
 from gpulayer import tls
 from gpulayer.errors import ConfigError
-from gpulayer.worker import devices
+from gpulayer.private import private_dir, tighten
+from gpulayer.worker import devices, spawning, task_user
 from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
@@ -51,7 +53,7 @@ from gpulayer.worker.pipeline import Pipeline
 from gpulayer.worker.spawning import Fence
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
-from gpulayer.worker.workspace import ControlPlaneAddress, inherited_env
+from gpulayer.worker.workspace import ControlPlaneAddress, inherited_env, make_tasks_root
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ class AgentConfig:
     address: str | None = None  # where other workers reach this one (gang rendezvous)
     insecure: bool = False  # allow tokens over http:// to a host that is not this machine
     first_registration_seconds: float = 60.0  # give up on an unreachable URL (0: never)
+    # Who runs tasks when the worker is root: None for gpulayer-task, "" for the worker's user.
+    task_user: str | None = None
 
 
 class Agent:
@@ -91,6 +95,9 @@ class Agent:
         self.data_dir = Path(
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
         ).absolute()
+        private_dir(self.data_dir)  # its token's blobs and caches: this user's only
+        tighten(self.data_dir)
+        self.tasks_root = make_tasks_root(self.name)  # outside the data dir
         self.devices = devices.discover()
         self._gpu_telemetry = GpuTelemetry(self.devices)
         self._trees = TreeSampler()
@@ -109,6 +116,7 @@ class Agent:
         )
         self._runners = RunnerPool(
             inherited_env(),
+            homes=self.tasks_root,
             max_idle=config.slots,
             max_calls=config.runner_max_calls,
             prestart=config.warm_runners,
@@ -116,7 +124,7 @@ class Agent:
         self._kernels = KernelHost()
         launcher = Launcher(
             worker_name=self.name,
-            tasks_root=self.data_dir / "tasks",
+            tasks_root=self.tasks_root,
             runners=self._runners,
             kernels=self._kernels,
             blob=self._uplink.blob,
@@ -141,6 +149,8 @@ class Agent:
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
         await self._first_registration()
+        if (user := spawning.task_user()) is not None:
+            log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop(), self._lease_loop())
 
     async def shutdown(self) -> None:
@@ -153,6 +163,7 @@ class Agent:
             )
         await self._runners.close()
         await self._kernels.close()
+        await asyncio.to_thread(shutil.rmtree, self.tasks_root, True)
 
     # ---------------------------------------------------------- registration
 
@@ -323,9 +334,12 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     GpulayerError
         If the worker cannot be described or the first registration is rejected.
     ConfigError
-        If the URL is ``http://`` to another machine without ``config.insecure``.
+        If the URL is ``http://`` to another machine without ``config.insecure``, or
+        if its task user cannot be had or cannot run this Python (one line).
     """
     tls.refuse_clear_text(config.url, config.insecure, "pass --insecure")
+    user = await asyncio.to_thread(task_user.resolve, config.task_user)
+    spawning.use_task_user(user)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:
@@ -360,6 +374,7 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
             loop.remove_signal_handler(sig)
         if fence is not None:
             await asyncio.to_thread(fence.close)  # kills what is left of the tasks
+        spawning.use_task_user(None)  # this process may go on (an agent run in-process)
     log.info("worker stopped")
 
 

@@ -5,9 +5,10 @@ A ``function`` task does not start an interpreter: it borrows a runner
 payload and gets the outcomes back over a pipe, so a trivial call costs a
 fraction of a millisecond on the worker.
 
-Runners are kept per *key*: the GPU reservation (``CUDA_VISIBLE_DEVICES`` is
-read once by CUDA, so a runner never changes GPUs) and the job's ``env``. A
-runner is
+Runners are kept per *key*: the job's owner (a function may change anything in
+its runner's interpreter, so a runner never serves another owner), the GPU
+reservation (``CUDA_VISIBLE_DEVICES`` is read once by CUDA, so a runner never
+changes GPUs) and the job's ``env``. A runner is
 
 * reused for the next call with the same key (the one with the most calls
   first: it has the user's imports and caches loaded),
@@ -17,17 +18,24 @@ runner is
 * retired after ``max_calls`` calls, after ``idle_seconds`` unused, or when the
   pool needs room for a runner of another key.
 
-``prestart`` runners for the plain key (no GPUs, no env) start with the agent,
-and a runner taken from the pool is replaced in the background, so the next call
-finds one waiting.
+``prestart`` runners for the plain key (no owner yet, no GPUs, no env) start with
+the agent; the first owner that needs one claims it (a runner that never made a
+call holds nothing of anyone's). A runner taken from the pool is replaced in the
+background, so the next call finds one waiting.
+
+The worker never unpickles what a runner sends: the runner is user code (and,
+with a task user, another, unprivileged user), so its frames are JSON with the
+call's outcomes as opaque bytes, which only the job's client unpickles.
 """
 
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import time
@@ -40,22 +48,28 @@ from typing import Any
 from gpulayer import contracts as c
 from gpulayer.payload import Summary
 from gpulayer.worker.runs import LineCallback, RunOutcome
-from gpulayer.worker.spawning import child_options
-from gpulayer.worker.workspace import keep_fence_mark
+from gpulayer.worker.spawning import child_options, task_user
+from gpulayer.worker.workspace import keep_fence_mark, user_env
 
 log = logging.getLogger(__name__)
 
 _LEN_BYTES = 8
+_MAX_FRAME_BYTES = 1 << 30  # a runner that announces more is broken (or hostile)
 _START_TIMEOUT_SECONDS = 60.0
 
-Key = tuple[tuple[int, ...], tuple[tuple[str, str], ...]]
+#: ``(owner, gpu indices, job env)``; owner None: a fresh runner nobody has claimed.
+Key = tuple[str | None, tuple[int, ...], tuple[tuple[str, str], ...]]
 
 
 class RunnerDied(Exception):
-    """The runner process ended while it was making a call."""
+    """The runner process ended while it was making a call (or broke its protocol,
+    ``broke`` saying how: it was killed then)."""
 
-    def __init__(self, returncode: int | None) -> None:
+    def __init__(self, returncode: int | None, broke: str | None = None) -> None:
         self.returncode = returncode
+        if broke is not None:
+            super().__init__(f"the function's runner process {broke}; it was killed and replaced")
+            return
         if returncode is None:
             how = "closed its pipe"
         elif returncode < 0:
@@ -72,8 +86,9 @@ class RunnerDied(Exception):
 
 
 def key_for(assignment: c.Assignment) -> Key:
-    """The pool key of a task: its GPU reservation and its job's env."""
-    return tuple(assignment.gpu_indices), tuple(sorted(assignment.spec.env.items()))
+    """The pool key of a task: its job's owner, GPU reservation and env."""
+    env = tuple(sorted(assignment.spec.env.items()))
+    return assignment.owner, tuple(assignment.gpu_indices), env
 
 
 class Runner:
@@ -81,19 +96,49 @@ class Runner:
 
     _ids = itertools.count(1)
 
-    def __init__(self, key: Key, proc: asyncio.subprocess.Process) -> None:
+    def __init__(
+        self, key: Key, proc: asyncio.subprocess.Process, name: str, folder: Path | None = None
+    ) -> None:
         self.key = key
         self.proc = proc
-        self.name = f"runner-{next(self._ids)}"
+        self.name = name
+        self.folder = folder  # its HOME and TMPDIR with a task user, removed with it
         self.calls = 0
         self.idle_since = time.monotonic()
         self.on_line: LineCallback | None = None  # the current call's, for C-level output
         self._stderr_task = asyncio.create_task(self._pump_stderr(), name=f"{self.name}-stderr")
 
     @classmethod
-    async def start(cls, key: Key, env: Mapping[str, str]) -> "Runner":
-        """Start a runner and wait for its ``ready`` frame."""
-        proc = await asyncio.create_subprocess_exec(
+    async def start(cls, key: Key, env: Mapping[str, str], homes: Path | None = None) -> "Runner":
+        """Start a runner and wait for its ``ready`` frame; with a task user its HOME
+        and TMPDIR are a folder of its own under ``homes``."""
+        name = f"runner-{next(cls._ids)}"
+        env = dict(env)
+        folder = None
+        if homes is not None and task_user() is not None:
+            folder = await asyncio.to_thread(_runner_folder, homes / name)
+            env = user_env(env, folder / "home", folder / "tmp")
+        try:
+            proc = await cls._spawn(env)
+        except BaseException:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        runner = cls(key, proc, name, folder)
+        try:
+            msg = await asyncio.wait_for(runner._recv(), _START_TIMEOUT_SECONDS)
+        except BaseException:  # incl. cancellation by RunnerPool.close: reap it first
+            await asyncio.shield(runner.close())
+            raise
+        if msg is None or msg[0] != "ready":
+            await runner.close()
+            raise RunnerDied(proc.returncode)
+        log.debug("%s started (pid %d) for GPUs %s", runner.name, proc.pid, key[1] or "none")
+        return runner
+
+    @staticmethod
+    async def _spawn(env: Mapping[str, str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "gpulayer.worker.runner",
@@ -104,18 +149,6 @@ class Runner:
             **child_options(),  # its own process group: a kill takes its children too
             limit=1024 * 1024,
         )
-        runner = cls(key, proc)
-        try:
-            msg = await asyncio.wait_for(runner._recv(), _START_TIMEOUT_SECONDS)
-        except BaseException:  # incl. cancellation by RunnerPool.close: reap it first
-            await asyncio.shield(runner.close())
-            raise
-        if msg is None or msg[0] != "ready":
-            runner.kill()
-            await proc.wait()
-            raise RunnerDied(proc.returncode)
-        log.debug("%s started (pid %d) for GPUs %s", runner.name, proc.pid, key[0] or "none")
-        return runner
 
     @property
     def alive(self) -> bool:
@@ -147,7 +180,7 @@ class Runner:
                 if msg is None:
                     raise RunnerDied(await self._exit_code())
                 if msg[0] == "out":
-                    on_line(c.LogStream(msg[1]), msg[2], datetime.now(UTC))
+                    on_line(msg[1], msg[2], datetime.now(UTC))
                 elif msg[0] == "done" and msg[1] == call_id:
                     return msg[2], msg[3]
         finally:
@@ -155,14 +188,47 @@ class Runner:
             self.idle_since = time.monotonic()
 
     async def _recv(self) -> tuple[Any, ...] | None:
+        """The next frame (``ready``, ``out`` or ``done`` with its outcomes), checked;
+        None at end of file.
+
+        Raises
+        ------
+        RunnerDied
+            If the runner sent something that is not such a frame (it is killed).
+        """
+        head = await self._frame()
+        if head is None:
+            return None
+        try:
+            msg = json.loads(head)
+            kind = msg[0]
+            if kind == "ready" and len(msg) == 2 and isinstance(msg[1], int):
+                return ("ready", msg[1])
+            if kind == "out" and len(msg) == 3 and isinstance(msg[2], str):
+                return ("out", c.LogStream(msg[1]), msg[2])
+            if kind == "done" and len(msg) == 5:
+                _, call_id, calls, errors, first_error = msg
+                summary = Summary(int(calls), int(errors), str(first_error))
+                outcomes = await self._frame()
+                if isinstance(call_id, str) and outcomes is not None:
+                    return ("done", call_id, outcomes, summary)
+        except (ValueError, TypeError, IndexError, KeyError):
+            pass
+        self.kill()
+        raise RunnerDied(None, "sent a frame that is not the runner protocol")
+
+    async def _frame(self) -> bytes | None:
+        """One length-prefixed frame, or None at end of file."""
         assert self.proc.stdout is not None
         try:
             head = await self.proc.stdout.readexactly(_LEN_BYTES)
-            body = await self.proc.stdout.readexactly(int.from_bytes(head, "big"))
+            size = int.from_bytes(head, "big")
+            if size > _MAX_FRAME_BYTES:
+                self.kill()
+                raise RunnerDied(None, f"announced a frame of {size} bytes")
+            return await self.proc.stdout.readexactly(size)
         except asyncio.IncompleteReadError:
             return None
-        msg: tuple[Any, ...] = pickle.loads(body)  # a frame of gpulayer.worker.runner
-        return msg
 
     async def _exit_code(self) -> int | None:
         with contextlib.suppress(TimeoutError):
@@ -186,13 +252,26 @@ class Runner:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
     async def close(self) -> None:
-        """Kill and reap."""
+        """Kill and reap (and remove its folder)."""
         self.kill()
         with contextlib.suppress(ProcessLookupError):
             await self.proc.wait()
         self._stderr_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._stderr_task
+        if self.folder is not None:
+            await asyncio.to_thread(shutil.rmtree, self.folder, True)
+            self.folder = None
+
+
+def _runner_folder(root: Path) -> Path:
+    """``root`` with ``home/`` and ``tmp/``, all the task user's (blocking)."""
+    user = task_user()
+    assert user is not None
+    for d in (root, root / "home", root / "tmp"):
+        d.mkdir(mode=0o700)
+        os.chown(d, user.uid, user.gid)
+    return root
 
 
 @dataclass
@@ -203,6 +282,9 @@ class RunnerPool:
     ----------
     base_env
         The environment every runner starts from (the worker's, minus its secrets).
+    homes
+        Where runners started as a task user get their HOME and TMPDIR (a folder
+        each, outside the worker's data dir).
     max_idle
         Most runners kept over all keys, busy ones included (the worker's slots).
     max_calls, idle_seconds
@@ -212,6 +294,7 @@ class RunnerPool:
     """
 
     base_env: Mapping[str, str]
+    homes: Path | None = None
     max_idle: int = 4
     max_calls: int = 1000
     idle_seconds: float = 600.0
@@ -222,7 +305,7 @@ class RunnerPool:
     _closed: bool = False
     _spares: set[asyncio.Task[None]] = field(default_factory=set)
 
-    PLAIN: Key = ((), ())
+    PLAIN: Key = (None, (), ())
 
     def start(self) -> None:
         """Start the prestarted runners in the background."""
@@ -231,7 +314,7 @@ class RunnerPool:
 
     def env_for(self, key: Key) -> dict[str, str]:
         """A runner's environment: the base, the job's env, the GPU reservation."""
-        gpus, job_env = key
+        _, gpus, job_env = key
         env = dict(self.base_env)
         env.update(job_env)
         keep_fence_mark(env, self.base_env)
@@ -241,22 +324,27 @@ class RunnerPool:
         return env
 
     async def take(self, key: Key) -> Runner:
-        """An idle runner for ``key``, or a new one; a spare starts behind it."""
+        """An idle runner for ``key`` (its owner's), else a fresh unclaimed one, else a
+        new one; a spare starts behind it."""
         self._retire_stale()
+        unclaimed: Key = (None, key[1], key[2])
         while True:
-            if idle := self._idle.get(key):
-                # The warmest runner first: it has the user's imports and caches loaded.
+            # The warmest runner first: it has the user's imports and caches loaded.
+            idle = self._idle.get(key) or self._idle.get(unclaimed)
+            if idle:
                 runner = max(idle, key=lambda r: (r.calls, r.idle_since))
                 idle.remove(runner)
                 if runner.alive:
+                    runner.key = key  # claimed: from now on it serves this owner only
                     break
                 await runner.close()
                 continue
-            starting = [t for t in self._spares if t.get_name() == _spare_name(key)]
+            names = {_spare_name(key), _spare_name(unclaimed)}
+            starting = [t for t in self._spares if t.get_name() in names]
             if starting:  # one is on its way: cheaper than starting a second
                 await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            runner = await Runner.start(key, self.env_for(key))
+            runner = await Runner.start(key, self.env_for(key), self.homes)
             break
         self._busy.add(runner)
         if not self._idle.get(key) and not self._starting.get(key) and self._room():
@@ -301,7 +389,7 @@ class RunnerPool:
 
         async def start() -> None:
             try:
-                runner = await Runner.start(key, self.env_for(key))
+                runner = await Runner.start(key, self.env_for(key), self.homes)
             except Exception:  # a background start: the next take() starts one itself
                 log.exception("could not start a spare runner")
                 return

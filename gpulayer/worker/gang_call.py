@@ -17,6 +17,7 @@ from gpulayer import contracts as c
 from gpulayer.worker import rank_call
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.torchrun import GangRun, RankedLineCallback
+from gpulayer.worker.workspace import read_owned, write_for_task
 
 _PAYLOAD_FILE = "call.payload"
 
@@ -78,7 +79,7 @@ class GangCallRun:
     async def run(self) -> RunOutcome:
         """Run the node; a succeeded node 0, or a rank that raised, brings the answer."""
         root = self._root
-        await asyncio.to_thread((root / _PAYLOAD_FILE).write_bytes, self._payload)
+        await asyncio.to_thread(write_for_task, root / _PAYLOAD_FILE, self._payload)
         out = await self._gang.run()
         answer = None
         if out.state == "succeeded" and self._node_rank == 0:
@@ -90,5 +91,10 @@ class GangCallRun:
             if self._gang.failed_rank is not None:
                 answer = rank_call.raised_file(root, self._gang.failed_rank)
         if answer is not None and answer.exists():
-            out = dataclasses.replace(out, result=await asyncio.to_thread(answer.read_bytes))
+            # The ranks' file (a link the task planted is refused, like any stray file).
+            try:
+                result = await asyncio.to_thread(read_owned, answer)
+            except OSError as e:
+                return RunOutcome("failed", out.exit_code, f"the call's answer is unreadable: {e}")
+            out = dataclasses.replace(out, result=result)
         return out

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from gpulayer import contracts as c
-from gpulayer.worker.kernels import Kernel, KernelDied, KernelHost, encode
+from gpulayer.worker.kernels import Kernel, KernelDied, KernelHost, encode, session_key
 from gpulayer.worker.runs import LineCallback, RunOutcome
+from gpulayer.worker.workspace import read_owned, write_for_task
 
 _INTERRUPT_GRACE_SECONDS = 5.0  # a cancelled session cell gets this long to stop
 _SESSION_CHECK_SECONDS = 1.0  # how often a session's kernel is checked for being alive
@@ -93,7 +94,7 @@ class CellTaskRun:
         """Run the cell; never raises for what the cell does."""
         name = self._cell.session
         if name is not None:
-            kernel = await self._host.kernel(name)
+            kernel = await self._host.kernel(session_key(self._a, name))
             if kernel is None:
                 return self._fail(f"session {name!r} is not running on this worker")
         else:
@@ -149,7 +150,7 @@ class CellTaskRun:
         try:
             if self._push is not None:
                 path = self._scratch / "push.payload"
-                await asyncio.to_thread(path.write_bytes, self._push)
+                await asyncio.to_thread(write_for_task, path, self._push)
                 reply = await kernel.execute(_call("push", str(path), "globals()"), self._relay,
                                              silent=True)  # fmt: skip
                 if reply.get("status") != "ok":
@@ -165,9 +166,11 @@ class CellTaskRun:
                 )
                 if pulled.get("status") != "ok":
                     return self._replied(pulled, "pull")
-                result = await asyncio.to_thread(path.read_bytes)
+                result = await asyncio.to_thread(read_owned, path)
         except KernelDied as e:
             return self._fail(str(e))
+        except OSError as e:  # push.payload already there, or pull.payload not the task's
+            return self._fail(f"cannot exchange variables with the kernel: {e}")
         return self._replied(reply, None, result)
 
     def _replied(
@@ -211,6 +214,7 @@ class SessionRun:
         assert assignment.spec.session is not None
         self._host = host
         self._name = assignment.spec.session.name
+        self._key = session_key(assignment, self._name)
         self._kernel = Kernel(env, cwd)
         self._on_line = on_line
         self._stop = asyncio.Event()
@@ -226,15 +230,15 @@ class SessionRun:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
-        if self._host.sessions.get(self._name) is self._kernel:
-            del self._host.sessions[self._name]
+        if self._host.sessions.get(self._key) is self._kernel:
+            del self._host.sessions[self._key]
 
     def interrupt(self) -> None:
         """Nothing to do: the session's cells are interrupted, each as its own task."""
 
     async def run(self) -> RunOutcome:
         """Start the kernel, serve the session, shut it down; never raises."""
-        if self._name in self._host.sessions:
+        if self._key in self._host.sessions:
             why = f"session {self._name!r} already runs here"
             return RunOutcome("failed", None, why, retry=False)
         self._host.runs.add(self)
@@ -242,10 +246,10 @@ class SessionRun:
             try:
                 await self._kernel.start()
             except KernelDied as e:
-                self._host.started(self._name, None)
+                self._host.started(self._key, None)
                 return RunOutcome("failed", None, str(e), retry=False)
-            self._host.sessions[self._name] = self._kernel
-            self._host.started(self._name, self._kernel)
+            self._host.sessions[self._key] = self._kernel
+            self._host.started(self._key, self._kernel)
             now = datetime.now(UTC)
             self._on_line(c.LogStream.system, f"session {self._name} started", now)
             while not self._stop.is_set():
@@ -258,9 +262,9 @@ class SessionRun:
             return RunOutcome("succeeded", 0, f"session ended ({self._stop_reason})")
         finally:
             self._host.runs.discard(self)
-            self._host.started(self._name, None)  # cancelled while starting
-            if self._host.sessions.get(self._name) is self._kernel:
-                del self._host.sessions[self._name]
+            self._host.started(self._key, None)  # cancelled while starting
+            if self._host.sessions.get(self._key) is self._kernel:
+                del self._host.sessions[self._key]
             await self._kernel.shutdown()
 
 

@@ -3,7 +3,10 @@
 
 A cell runs in a real ipykernel started with jupyter_client's
 ``AsyncKernelManager`` (transport ``ipc``: no ports, no unencrypted-TCP
-warning), so what it shows is real Jupyter messages. Each iopub message of the
+warning), so what it shows is real Jupyter messages. The kernel's sockets and
+connection file are in a 0700 folder of the user the kernel runs as (the task
+user, when there is one), so no other local user can reach the kernel
+(docs/adr/0074-kernels-keep-ipc-in-a-folder-of-the-task-user.md). Each iopub message of the
 cell (``stream``, ``display_data``, ``update_display_data``,
 ``execute_result``, ``error``, ``clear_output``) becomes one ``iopub`` log line
 holding a :class:`~gpulayer.contracts.KernelMessage`, in the order the kernel
@@ -19,6 +22,7 @@ worker that never runs a cell does not pay for it.
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -28,7 +32,7 @@ from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.worker.runs import Run
-from gpulayer.worker.spawning import child_options
+from gpulayer.worker.spawning import child_options, task_user
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +105,12 @@ class Kernel:
         km = AsyncKernelManager(transport="ipc", connection_file=str(self._dir / "kernel.json"))
         km._kernel_spec = spec  # jupyter_client takes a spec from disk only, else this
         self._km = km
+        if (user := task_user()) is not None:
+            # The kernel binds its sockets in the folder and reads the connection file:
+            # both the task user's. Written now, jupyter_client keeps it at start.
+            km.write_connection_file()
+            for path in (self._dir, self._dir / "kernel.json"):
+                os.chown(path, user.uid, user.gid)
         try:
             await km.start_kernel(env=self.env, cwd=str(self.cwd), **child_options())
             kc = km.client()
@@ -185,31 +195,41 @@ class Kernel:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
+#: A session on a worker: ``(owner, name)``; two owners may each have a ``main``.
+SessionKey = tuple[str, str]
+
+
+def session_key(assignment: c.Assignment, name: str) -> SessionKey:
+    """The key of session ``name`` of the assignment's owner."""
+    return assignment.owner, name
+
+
 class KernelHost:
-    """The worker's sessions: their kernels, by session name."""
+    """The worker's sessions: their kernels, by owner and session name (a cell only
+    ever reaches a session of its own job's owner)."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, Kernel] = {}  # the kernels that are up, by session name
+        self.sessions: dict[SessionKey, Kernel] = {}  # the kernels that are up
         self.runs: set[Run] = set()  # the session tasks running here
         # Sessions assigned here whose kernel is not up yet: cells placed meanwhile wait.
-        self._coming: dict[str, asyncio.Future[Kernel | None]] = {}
+        self._coming: dict[SessionKey, asyncio.Future[Kernel | None]] = {}
 
-    def expect(self, name: str) -> None:
+    def expect(self, key: SessionKey) -> None:
         """A session was assigned to this worker: its cells wait for its kernel."""
-        if name not in self._coming or self._coming[name].done():
-            self._coming[name] = asyncio.get_running_loop().create_future()
+        if key not in self._coming or self._coming[key].done():
+            self._coming[key] = asyncio.get_running_loop().create_future()
 
-    def started(self, name: str, kernel: Kernel | None) -> None:
-        """Session ``name``'s kernel is up (or, None, will not come): its cells go on."""
-        fut = self._coming.pop(name, None)
+    def started(self, key: SessionKey, kernel: Kernel | None) -> None:
+        """Session ``key``'s kernel is up (or, None, will not come): its cells go on."""
+        fut = self._coming.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(kernel)
 
-    async def kernel(self, name: str) -> Kernel | None:
-        """The kernel of session ``name`` (waiting while it starts), or None."""
-        if name in self.sessions:
-            return self.sessions[name]
-        fut = self._coming.get(name)
+    async def kernel(self, key: SessionKey) -> Kernel | None:
+        """The kernel of session ``key`` (waiting while it starts), or None."""
+        if key in self.sessions:
+            return self.sessions[key]
+        fut = self._coming.get(key)
         return None if fut is None else await asyncio.shield(fut)
 
     async def close(self) -> None:

@@ -27,7 +27,7 @@ from gpulayer import contracts as c
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
 from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
-from gpulayer.worker.kernels import KernelHost
+from gpulayer.worker.kernels import KernelHost, session_key
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
@@ -67,7 +67,7 @@ class Launcher:
         """Note an assignment as it arrives: cells placed in a session that is
         assigned here wait for its kernel."""
         if assignment.spec.session is not None:
-            self._kernels.expect(assignment.spec.session.name)
+            self._kernels.expect(session_key(assignment, assignment.spec.session.name))
 
     async def prepare(self, task: TaskRecord) -> Run:
         """The task's run, ready to start; its folder is kept in ``task.dir``.
@@ -95,6 +95,7 @@ class Launcher:
         if a.spec.bundle is not None:
             data = await self._blob(a.spec.bundle)
             await asyncio.to_thread(folder.unpack, data)
+        await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
         if fn is None:
             return self._command_run(task, folder)
         payload = fn.payload if fn.payload is not None else await self._blob(fn.payload_blob or "")
@@ -109,7 +110,7 @@ class Launcher:
     def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
         """A command, alone or as one node of a gang; its training metrics followed."""
         a = task.assignment
-        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
+        env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         task.follow_metrics(env)
         grace = self._kill_grace_seconds
         if a.gang is not None:
@@ -123,7 +124,7 @@ class Launcher:
     def _gang_call_run(self, task: TaskRecord, folder: TaskDir, payload: bytes) -> Run:
         """One node of a distributed function; its training metrics followed."""
         a = task.assignment
-        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
+        env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         task.follow_metrics(env)
         return GangCallRun(
             a,
@@ -146,7 +147,8 @@ class Launcher:
                 self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
             )
         folder = await task.make_dir(self._tasks_root)
-        env = task_env(a, folder.artifacts, control_plane=self._control_plane)
+        env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        await task.file_work(folder.hand_over)
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None

@@ -25,9 +25,10 @@ import dataclasses
 import functools
 import logging
 import os
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 from urllib.parse import quote
 
 import httpx
@@ -41,6 +42,7 @@ from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
+from gpulayer.worker.workspace import open_owned
 
 log = logging.getLogger(__name__)
 
@@ -275,18 +277,29 @@ class Pipeline:
         sha256 is a strike too.
         """
         route = f"tasks/{task.id}/artifacts/" + "/".join(quote(s, safe="") for s in name.split("/"))
-        try:
-            digest = await asyncio.to_thread(transfer.digest_file, path)
-        except OSError as e:  # the file went away or cannot be read
+        try:  # the task's own regular file: never one a link it planted points at
+            f = await asyncio.to_thread(open_owned, path)
+        except OSError as e:  # the file went away, or is not the task's
             return f"cannot read it ({e.strerror or e})"
+        with f:
+            try:
+                digest = await asyncio.to_thread(transfer.digest_fileobj, f)
+            except OSError as e:
+                return f"cannot read it ({e.strerror or e})"
+            return await self._put_artifact(task, name, route, f, digest)
+
+    async def _put_artifact(
+        self, task: TaskRecord, name: str, route: str, f: BinaryIO, digest: transfer.Digest
+    ) -> str | None:
+        """:meth:`_upload_artifact`'s attempts, for the open file ``f``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._storage_retry_seconds
         strikes, delay = 0, BACKOFF_START_SECONDS
         while True:
             try:
                 resp = await self._uplink.call(
-                    "PUT", route, content=lambda: transfer.afile_chunks(path, total=digest.size),
-                    headers=digest.headers(), retry=False,
+                    "PUT", route, content=lambda: _file_chunks(f), headers=digest.headers(),
+                    retry=False,
                 )  # fmt: skip
             except OSError as e:  # reading the file failed (httpx errors are not OSErrors)
                 return f"cannot read it ({e.strerror or e})"
@@ -347,3 +360,10 @@ def _with_lost_artifacts(outcome: RunOutcome, lost: list[str]) -> RunOutcome:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def _file_chunks(f: BinaryIO) -> AsyncIterator[bytes]:
+    """The file from its start (each attempt of an upload reads it again)."""
+    await asyncio.to_thread(f.seek, 0)
+    while chunk := await asyncio.to_thread(f.read, transfer.CHUNK_BYTES):
+        yield chunk

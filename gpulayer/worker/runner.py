@@ -4,18 +4,23 @@ Started by :class:`gpulayer.worker.functions.RunnerPool` as
 ``python -m gpulayer.worker.runner``; it imports only :mod:`gpulayer.payload`
 (and what the user's functions import) so it starts fast and stays small.
 
-Frames on its stdin/stdout (8-byte big-endian length, then a pickle)::
+Frames on its stdin/stdout (8-byte big-endian length, then the body)::
 
-    worker -> runner   ("call", call_id, payload, env, cwd)
-    runner -> worker   ("ready", pid)
-                       ("out", "stdout" | "stderr", text)   what the call printed, by line
-                       ("done", call_id, outcomes, summary)
+    worker -> runner   pickle ("call", call_id, payload, env, cwd)
+    runner -> worker   JSON   ["ready", pid]
+                       JSON   ["out", "stdout" | "stderr", text]   what the call printed, by line
+                       JSON   ["done", call_id, calls, errors, first_error], then the
+                       outcomes as one raw frame
+
+The runner runs user code, so the worker never unpickles what it sends: only JSON
+and the outcomes' bytes, which go to the job's client as they are.
 
 ``sys.stdout``/``sys.stderr`` are replaced by writers that send ``out`` frames, so
 a call's prints arrive in order and before its ``done``. File descriptor 1 is
 pointed at 2, which the worker reads too: output of C code lands there.
 """
 
+import json
 import os
 import pickle
 import struct
@@ -26,21 +31,28 @@ from typing import Any, BinaryIO
 from gpulayer import payload
 
 _LEN = struct.Struct(">Q")
+#: Bound now: a call that replaces ``json.dumps`` must not break the runner's frames.
+_encode = json.JSONEncoder().encode
 
 
 class Channel:
-    """Length-prefixed pickle frames over two binary files."""
+    """Length-prefixed frames over two binary files: pickles in, JSON (and raw
+    outcomes) out."""
 
     def __init__(self, rfile: BinaryIO, wfile: BinaryIO) -> None:
         self._r = rfile
         self._w = wfile
         self._lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
-        data = pickle.dumps(msg, protocol=5)
+    def send(self, *msg: Any, raw: bytes | None = None) -> None:
+        """Send ``msg`` as a JSON frame, followed by ``raw`` as a frame of its own."""
+        data = _encode(msg).encode()
         with self._lock:
             self._w.write(_LEN.pack(len(data)))
             self._w.write(data)
+            if raw is not None:
+                self._w.write(_LEN.pack(len(raw)))
+                self._w.write(raw)
             self._w.flush()
 
     def recv(self) -> tuple[Any, ...] | None:
@@ -81,13 +93,13 @@ class _FrameStream:
             if "\n" in self._buf:
                 head, _, self._buf = self._buf.rpartition("\n")
                 for line in head.split("\n"):
-                    self._channel.send(("out", self.name, line))
+                    self._channel.send("out", self.name, line)
         return len(text)
 
     def flush(self) -> None:
         with self._lock:
             if self._buf:
-                self._channel.send(("out", self.name, self._buf))
+                self._channel.send("out", self.name, self._buf)
                 self._buf = ""
 
     def isatty(self) -> bool:
@@ -112,7 +124,7 @@ def main() -> None:
     out, err = _FrameStream(channel, "stdout"), _FrameStream(channel, "stderr")
     sys.stdout, sys.stderr = out, err
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
-    channel.send(("ready", os.getpid()))
+    channel.send("ready", os.getpid())
     per_call: set[str] = set()
     while (msg := channel.recv()) is not None:
         _, call_id, data, env, cwd = msg
@@ -125,7 +137,9 @@ def main() -> None:
         result, summary = payload.run_calls(data)
         out.flush()
         err.flush()
-        channel.send(("done", call_id, result, summary))
+        channel.send(
+            "done", call_id, summary.calls, summary.errors, summary.first_error, raw=result
+        )
 
 
 if __name__ == "__main__":

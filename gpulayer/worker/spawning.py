@@ -5,6 +5,10 @@ Commands, warm function runners, kernels and gang launchers all start through
 own session (so a stop takes its whole process group), and whatever the worker
 adds around user code (which user it runs as, what happens when the agent dies).
 
+Which user: a worker that runs as root runs user code as its task user
+(:mod:`gpulayer.worker.task_user`), set once at start with :func:`use_task_user`;
+otherwise as the worker's own user. :func:`task_uid` is who owns a task's files.
+
 A task never outlives its worker (docs/adr/0082-fencing.md). On Linux:
 
 * every such process gets a parent-death signal (``prctl(PR_SET_PDEATHSIG,
@@ -33,7 +37,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FENCE_ENV", "Fence", "child_options", "die_with_parent"]
+from gpulayer.worker.task_user import TaskUser
+
+__all__ = [
+    "FENCE_ENV",
+    "Fence",
+    "child_options",
+    "die_with_parent",
+    "task_uid",
+    "task_user",
+    "use_task_user",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +72,23 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 #: The write end of the running fence's pipe (None: no fence).
 _fence_fd: int | None = None
+_task_user: TaskUser | None = None
+
+
+def use_task_user(user: TaskUser | None) -> None:
+    """Run user code as ``user`` from now on (None: as this process's user)."""
+    global _task_user
+    _task_user = user
+
+
+def task_user() -> TaskUser | None:
+    """The user that runs user code, or None when it is the worker's own."""
+    return _task_user
+
+
+def task_uid() -> int:
+    """The uid that owns a task's processes and files."""
+    return os.geteuid() if _task_user is None else _task_user.uid
 
 
 def child_options() -> dict[str, Any]:
@@ -71,9 +102,14 @@ def child_options() -> dict[str, Any]:
     Whatever else this adds for the child (e.g. the user it runs as) must take
     effect before the ``preexec_fn`` runs: a change of user clears the parent-death
     signal. Popen's ``user=``/``group=`` do (they apply before ``preexec_fn``); a
-    second ``preexec_fn`` must call this one last.
+    second ``preexec_fn`` must call this one last. With a task user the child runs
+    as that user, with that user's groups (the worker's own are dropped).
     """
     options: dict[str, Any] = {"start_new_session": True}
+    if _task_user is not None:
+        options.update(
+            user=_task_user.uid, group=_task_user.gid, extra_groups=list(_task_user.groups)
+        )
     preexec = die_with_parent(register=_fence_fd)
     if preexec is not None:
         options["preexec_fn"] = preexec

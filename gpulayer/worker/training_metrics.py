@@ -18,6 +18,7 @@ from pathlib import Path
 import pydantic
 
 from gpulayer import contracts as c
+from gpulayer.worker.workspace import open_owned
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,14 @@ class TrainingMetricsFollower:
 
     def _read(self) -> None:
         try:
-            with self.path.open("rb") as f:
+            with open_owned(self.path) as f:  # the task's own file, never a link it planted
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("not following %s: %s", self.path, e)
+            self._closed = True
             return
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")

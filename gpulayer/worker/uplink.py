@@ -33,6 +33,7 @@ from gpulayer.errors import (
     ValidationError,
     error_for_code,
 )
+from gpulayer.private import private_dir
 from gpulayer.worker.credential import Credential, CredentialFile
 
 log = logging.getLogger(__name__)
@@ -282,6 +283,7 @@ class Uplink:
             if not resp.is_success:
                 raise error_for(resp, f"cannot download bundle {sha256}")
             data = resp.content
+            await asyncio.to_thread(private_dir, path.parent)  # the cache is the worker's only
             try:  # verified, then renamed into the cache whole (gpulayer.transfer)
                 await asyncio.to_thread(
                     transfer.receive,

@@ -34,14 +34,17 @@ class SessionHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("viewer", "submitter")
     async def get(self, name: str) -> None:
-        """One session that has not ended."""
-        self.reply(await self.gl.session_service.get(name, self.who))
+        """One session that has not ended: the caller's own, or ``?owner=``'s."""
+        owner = self.get_query_argument("owner", None)
+        self.reply(await self.gl.session_service.get(name, self.who, owner))
 
     @allow_unauthenticated
     @requires("submitter")
     async def delete(self, name: str) -> None:
-        """End the session: its kernel stops, its slot and GPUs are freed; 204."""
-        await self.gl.session_service.end(name, self.who.name, self.who)
+        """End the session (the caller's own, or ``?owner=``'s): its kernel stops, its
+        slot and GPUs are freed; 204."""
+        owner = self.get_query_argument("owner", None)
+        await self.gl.session_service.end(name, self.who.name, self.who, owner)
         self.no_content()
 
 

@@ -40,7 +40,14 @@ class Database:
 
     async def open(self: "D") -> "D":
         """Open (creating or migrating) the database file."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Only its owner may read it (every job's env is in it), whatever the umask;
+        # SQLite gives the -wal and -shm files the database file's mode.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
         db = await aiosqlite.connect(self.path, isolation_level=None)
         db.row_factory = sqlite3.Row
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,16 @@ def start_lab(base: Path, *, workers: int, server_args: list[str]) -> LocalClust
         server_args=["--LabApp.extension_manager=readonly", *server_args],
     )
     return cluster.start()
+
+
+@pytest.fixture
+def gl_shared_dir() -> Iterator[Path]:
+    """A folder jobs may read and write (0777): as root the worker runs them as the
+    unprivileged ``gpulayer-task``, which cannot enter ``tmp_path`` (tests/conftest.py)."""
+    path = Path(tempfile.mkdtemp(prefix="gl-shared-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -59,8 +59,8 @@ def test_the_panel_lists_the_worker_with_its_gpus(gl_sidebar):
     gl_sidebar.screenshot("workers")
 
 
-def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar, tmp_path):
-    gate = tmp_path / "gate"
+def test_a_submitted_job_appears_and_its_logs_stream_into_the_view(gl_sidebar, gl_shared_dir):
+    gate = gl_shared_dir / "gate"
     job = submit(
         gl_sidebar.cluster,
         name="steps",

@@ -3,6 +3,7 @@ agent) is retried elsewhere; the combined log marks the second attempt, and
 ``--attempt N`` / ``Job.logs(attempt=N)`` show one attempt's lines."""
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,10 @@ def test_the_combined_log_marks_the_retry_and_attempts_read_alone(retried, capsy
     follow = ["logs", job.id, "-f", "--attempt", "1"]
     assert cli.main(follow, connection=cluster.connection()) == 0
     assert capsys.readouterr().out.splitlines() == LINES
+
+
+@pytest.fixture
+def tmp_path(gl_shared_dir: Path) -> Path:
+    """Tasks here leave files for the test (pids, beats, ledgers, gates): a folder
+    the task user can write (``gl_shared_dir``), not pytest's 0700 ``tmp_path``."""
+    return gl_shared_dir

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -68,8 +67,8 @@ def test_shell_env_and_gpu_reservation_reach_the_process(conn):
     assert "hello from gpus=0,1" in job.logs()
 
 
-def test_cancel_stops_the_whole_process_tree(conn, tmp_path):
-    pids = tmp_path / "pids"
+def test_cancel_stops_the_whole_process_tree(conn, gl_shared_dir):
+    pids = gl_shared_dir / "pids"
     script = f"sleep 120 & echo $$ $! > {pids}; echo started; wait"
     job = gl.submit(["/bin/sh", "-c", script], connection=conn)
     until(lambda: pids.exists() and pids.read_text().strip(), what="the job to start")
@@ -139,13 +138,15 @@ def test_bad_input_is_refused_before_anything_is_stored(conn):
     assert len(conn.jobs(limit=10000)) == before
 
 
-def test_history_survives_a_control_plane_restart_and_running_jobs_finish(fresh_cluster):
+def test_history_survives_a_control_plane_restart_and_running_jobs_finish(
+    fresh_cluster, gl_shared_dir
+):
     # A restart shorter than lease - 2 x heartbeat (here 9 s) keeps running tasks; a
     # longer outage stops them (docs/adr/0082-fencing.md).
     c = fresh_cluster(workers=1, lease_seconds=10.0)
     with c.connection() as conn:
         done = gl.submit([PY, "-c", "print('before restart')"], connection=conn).wait(timeout=30)
-        marker = Path(c.data_dir) / "go"
+        marker = gl_shared_dir / "go"
         running = gl.submit(
             [
                 PY,
@@ -194,9 +195,11 @@ def test_a_killed_worker_loses_its_task_and_a_retry_runs_elsewhere(fresh_cluster
         assert attempts == [(1, "lost", "local-1"), (2, "succeeded", "local-2")]
 
 
-def test_worker_sigterm_releases_its_task_for_a_retry_and_exits_cleanly(fresh_cluster, tmp_path):
+def test_worker_sigterm_releases_its_task_for_a_retry_and_exits_cleanly(
+    fresh_cluster, gl_shared_dir
+):
     c = fresh_cluster(workers=1)
-    pidfile = tmp_path / "pid"
+    pidfile = gl_shared_dir / "pid"
     with c.connection() as conn:
         job = gl.submit(
             ["/bin/sh", "-c", f"echo $$ > {pidfile}; exec sleep 120"], retries=1, connection=conn

@@ -67,11 +67,12 @@ def test_a_two_node_ddp_job_trains_in_lockstep_with_ranked_logs_and_metrics(
         assert {p.rank for p in points} == {0}
 
 
-def test_killing_one_rank_fails_the_gang_fast_and_frees_every_worker(fresh_cluster, tmp_path):
+def test_killing_one_rank_fails_the_gang_fast_and_frees_every_worker(fresh_cluster, gl_shared_dir):
     cluster = fresh_cluster(workers=2, slots=1)
     with cluster.connection() as conn:
-        job = ddp_job(conn, "--epochs", "1", "--hold", "120", env={"DDP_PID_DIR": str(tmp_path)})
-        pid_file = tmp_path / "rank3.pid"
+        env = {"DDP_PID_DIR": str(gl_shared_dir)}
+        job = ddp_job(conn, "--epochs", "1", "--hold", "120", env=env)
+        pid_file = gl_shared_dir / "rank3.pid"
         until(lambda: pid_file.exists() and pid_file.read_text(), 90, "rank 3 to start holding")
         killed = time.monotonic()
         os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -338,6 +338,7 @@ def test_a_worker_cut_off_from_the_control_plane_stops_its_task_before_the_retry
         cut = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     folder = tmp_path / "files"
     folder.mkdir()
+    folder.chmod(0o777)  # the task user writes its beats here
     try:
         c.wait_for_workers(["cut"])
         with c.connection() as conn:
@@ -361,3 +362,10 @@ def test_a_worker_cut_off_from_the_control_plane_stops_its_task_before_the_retry
         cut.terminate()
         cut.wait(30)
         proxy.cut()
+
+
+@pytest.fixture
+def tmp_path(gl_shared_dir: Path) -> Path:
+    """Tasks here leave files for the test (pids, beats, ledgers, gates): a folder
+    the task user can write (``gl_shared_dir``), not pytest's 0700 ``tmp_path``."""
+    return gl_shared_dir

@@ -11,6 +11,7 @@ import collections
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,10 @@ def test_a_map_without_retries_hands_each_item_over_once(two_workers, tmp_path):
         else:
             assert got == i * i
     assert any(not isinstance(r, Exception) for r in results)
+
+
+@pytest.fixture
+def tmp_path(gl_shared_dir: Path) -> Path:
+    """Tasks here leave files for the test (pids, beats, ledgers, gates): a folder
+    the task user can write (``gl_shared_dir``), not pytest's 0700 ``tmp_path``."""
+    return gl_shared_dir

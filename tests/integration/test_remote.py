@@ -159,8 +159,8 @@ def test_timeout_kills_the_call(rf):
     assert time.monotonic() - started < 20
 
 
-def test_runner_crash_fails_only_its_call_and_retries(rf, tmp_path):
-    marker = tmp_path / "crashed-once"
+def test_runner_crash_fails_only_its_call_and_retries(rf, gl_shared_dir):
+    marker = gl_shared_dir / "crashed-once"
 
     def crash_once(path):
         import os

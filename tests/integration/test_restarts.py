@@ -259,3 +259,10 @@ def test_a_burst_of_submits_through_a_crash_stores_and_runs_each_job_once(rclust
     names = sorted(f"burst-{t}-{i}" for t in range(threads) for i in range(each))
     assert sorted(ran.read_text().split()) == names
     conn.close()
+
+
+@pytest.fixture
+def tmp_path(gl_shared_dir: Path) -> Path:
+    """Tasks here leave files for the test (pids, beats, ledgers, gates): a folder
+    the task user can write (``gl_shared_dir``), not pytest's 0700 ``tmp_path``."""
+    return gl_shared_dir

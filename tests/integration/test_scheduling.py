@@ -30,10 +30,10 @@ def printed(conn, job) -> list[str]:
 
 
 def test_one_gpu_jobs_share_a_two_gpu_worker_and_a_two_gpu_job_waits_its_turn(
-    fresh_cluster, tmp_path
+    fresh_cluster, gl_shared_dir
 ):
     c = fresh_cluster(workers=1, slots=4, simulated_gpus="2xA100-80GB")
-    go = tmp_path / "go"
+    go = gl_shared_dir / "go"
     with c.connection() as conn:
         a = gl.submit(hold(go), gpus=1, connection=conn)
         b = gl.submit(hold(go), gpus=1, connection=conn)
@@ -89,9 +89,9 @@ def test_requirements_pick_the_matching_worker_and_impossible_ones_are_flagged(f
         j.cancel()
 
 
-def test_a_drained_worker_finishes_its_task_and_takes_no_new_one(fresh_cluster, tmp_path):
+def test_a_drained_worker_finishes_its_task_and_takes_no_new_one(fresh_cluster, gl_shared_dir):
     c = fresh_cluster(workers=1, slots=2)
-    go = tmp_path / "go"
+    go = gl_shared_dir / "go"
     env = {**os.environ, "GPULAYER_URL": c.url, "GPULAYER_TOKEN": c.admin_token}
     with c.connection() as conn:
         running = gl.submit(hold(go, print_env=False), connection=conn)
@@ -119,9 +119,9 @@ def test_a_drained_worker_finishes_its_task_and_takes_no_new_one(fresh_cluster, 
         assert later.wait(timeout=30).state == "succeeded"
 
 
-def test_heartbeats_carry_telemetry_of_gpus_and_running_tasks(fresh_cluster, tmp_path):
+def test_heartbeats_carry_telemetry_of_gpus_and_running_tasks(fresh_cluster, gl_shared_dir):
     c = fresh_cluster(workers=1, simulated_gpus="2xA100-80GB")
-    go = tmp_path / "go"
+    go = gl_shared_dir / "go"
     with c.connection() as conn:
         job = gl.submit(hold(go, print_env=False), connection=conn)
         until(lambda: conn.job(job.id).state == "running", what="the job to run")

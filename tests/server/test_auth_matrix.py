@@ -67,6 +67,7 @@ class Ctx:
 
 
 Fresh = Callable[[Ctx], Awaitable[dict[str, Any]]]
+SUBMITTER = "matrix-submitter"  # the submitter token's name: the owner of what it makes
 
 
 @dataclass
@@ -226,10 +227,10 @@ MATRIX: dict[type, dict[str, Case]] = {
         "post": Case(lambda c, f: ("sessions",), {"admin": 201, "submitter": 201},
                      body=lambda c, f: {"name": f["name"], "resources": {"gpus": 8}}, fresh=_name),
     },
-    sessions.SessionHandler: {
-        "get": Case(lambda c, f: ("sessions", c.session), _read()),
+    sessions.SessionHandler: {  # names are per owner: others name the submitter's
+        "get": Case(lambda c, f: ("sessions", c.session), _read(), params={"owner": SUBMITTER}),
         "delete": Case(lambda c, f: ("sessions", f["session"]), {"admin": 204, "submitter": 204},
-                       fresh=_session),
+                       params={"owner": SUBMITTER}, fresh=_session),
     },
     jobs.JobEventsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "events"), _read())},
     jobs.JobLogsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "logs"), _read())},
@@ -357,7 +358,7 @@ async def _setup(gl_api, admin_token: str) -> Ctx:
     assert {t["name"] for t in bootstrap} == {"admin", "join"}
     ctx.auth = {
         "admin": "Bearer " + admin_token,
-        "submitter": "Bearer " + await token("submitter"),
+        "submitter": "Bearer " + await token("submitter", SUBMITTER),
         "viewer": "Bearer " + await token("viewer"),
         "join": "Bearer " + await token("join"),
         "none": "",

@@ -118,3 +118,59 @@ async def test_idle_sessions_end(gl_api, jp_serverapp):
     assert cancel == [a["task_id"]]
     _, events = await gl_api("jobs", a["job_id"], "events")
     assert any("without a cell" in (e["reason"] or "") for e in events["events"])
+
+
+async def submitter(gl_api, name):
+    status, tok = await gl_api(
+        "tokens", method="POST", json_body={"name": name, "role": "submitter"}
+    )
+    assert status == 201, tok
+    return tok["token"]
+
+
+async def test_session_names_are_per_owner_and_hidden_from_other_owners(gl_api):
+    wid, tok = await worker(gl_api, slots=2)
+    ada, bob = await submitter(gl_api, "ada"), await submitter(gl_api, "bob")
+    status, a = await gl_api("sessions", method="POST", json_body={"name": "main"}, token=ada)
+    assert status == 201 and a["owner"] == "ada"
+    # bob's probe of ada's name says nothing, and bob can have a "main" of his own.
+    status, _ = await gl_api("sessions", "main", token=bob)
+    assert status == 404
+    status, b = await gl_api("sessions", method="POST", json_body={"name": "main"}, token=bob)
+    assert status == 201 and b["owner"] == "bob" and b["job_id"] != a["job_id"]
+    status, dup = await gl_api("sessions", method="POST", json_body={"name": "main"}, token=bob)
+    assert status == 409 and "already running" in dup["message"]
+    got = await acquire(gl_api, wid, tok)
+    kernels = {x["owner"]: x for x in got["assignments"]}  # the worker keys kernels by owner
+    assert set(kernels) == {"ada", "bob"}
+
+    # Each one's "main" is its own: listing, reading, running cells in it.
+    for token, mine in ((ada, a), (bob, b)):
+        _, listed = await gl_api("sessions", token=token)
+        assert [s["job_id"] for s in listed["sessions"]] == [mine["job_id"]]
+        _, one = await gl_api("sessions", "main", token=token)
+        assert one["job_id"] == mine["job_id"]
+    status, c = await gl_api("jobs", method="POST", json_body=cell("x = 1", "main"), token=bob)
+    assert status == 201
+    (placed,) = (await acquire(gl_api, wid, tok))["assignments"]
+    assert placed["job_id"] == c["id"] and placed["owner"] == "bob"
+    assert placed["spec"]["cell"]["session"] == "main"
+
+    # An admin sees both, and names the owner to read one; a submitter cannot.
+    _, everyone = await gl_api("sessions")
+    assert sorted(s["owner"] for s in everyone["sessions"]) == ["ada", "bob"]
+    status, _ = await gl_api("sessions", "main")
+    assert status == 404  # the admin's own "main": there is none
+    _, hers = await gl_api("sessions", "main", params={"owner": "ada"})
+    assert hers["job_id"] == a["job_id"]
+    status, _ = await gl_api("sessions", "main", params={"owner": "ada"}, token=bob)
+    assert status == 404
+
+    # Ending bob's "main" leaves ada's running.
+    status, _ = await gl_api("sessions", "main", method="DELETE", token=bob)
+    assert status == 204
+    assert (await acquire(gl_api, wid, tok))["cancel"] == [kernels["bob"]["task_id"]]
+    _, still = await gl_api("sessions", "main", token=ada)
+    assert still["job_id"] == a["job_id"] and still["state"] == "running"
+    status, _ = await gl_api("jobs", method="POST", json_body=cell("1", "main"), token=bob)
+    assert status == 404

@@ -12,7 +12,7 @@ from gpulayer.worker.functions import FunctionRun, RunnerPool, key_for
 from ..support import until_async
 
 
-def _assignment(fn, *args, gpus=(), timeout=None, env=None) -> tuple[c.Assignment, bytes]:
+def _assignment(fn, *args, gpus=(), timeout=None, env=None, owner="") -> tuple[c.Assignment, bytes]:
     data = payload.pack_calls(fn, [(args, {})])
     spec = c.JobSpec(
         kind="function",
@@ -21,7 +21,7 @@ def _assignment(fn, *args, gpus=(), timeout=None, env=None) -> tuple[c.Assignmen
         env=env or {},
     )
     return c.Assignment(
-        task_id="t1", job_id="j1", attempt=1, spec=spec, gpu_indices=list(gpus)
+        task_id="t1", job_id="j1", attempt=1, spec=spec, gpu_indices=list(gpus), owner=owner
     ), data
 
 
@@ -160,9 +160,30 @@ def test_a_raised_exception_is_not_retried_by_default(tmp_path):
     assert outcome.reason == "raised ZeroDivisionError: division by zero"
 
 
-def test_pool_key_includes_the_job_env():
-    a, _ = _assignment(lambda: 1, gpus=(0,), env={"B": "2", "A": "1"})
-    assert key_for(a) == ((0,), (("A", "1"), ("B", "2")))
+def test_pool_key_includes_the_owner_and_the_job_env():
+    a, _ = _assignment(lambda: 1, gpus=(0,), env={"B": "2", "A": "1"}, owner="ada")
+    assert key_for(a) == ("ada", (0,), (("A", "1"), ("B", "2")))
+
+
+def test_a_fresh_runner_is_claimed_by_its_first_owner_and_never_serves_another(tmp_path):
+    async def main():
+        pool = RunnerPool(dict(os.environ), max_idle=4, prestart=1)
+        pool.start()
+        try:
+            await until_async(lambda: pool.idle_count(pool.PLAIN), what="the prestarted runner")
+            [warm] = pool._idle[pool.PLAIN]
+            pids = {}
+            for owner in ("ada", "ada", "bob"):
+                a, data = _assignment(lambda: os.getpid(), owner=owner)
+                run = FunctionRun(pool, a, data, env={}, cwd=tmp_path, on_line=lambda *_: None)
+                pids.setdefault(owner, set()).add(_value(await run.run()))
+            return warm.proc.pid, pids
+        finally:
+            await pool.close()
+
+    warm, pids = asyncio.run(main())
+    assert pids["ada"] == {warm}  # ada claimed the prestarted runner and kept it
+    assert warm not in pids["bob"]  # bob got one of his own
 
 
 def test_trims_that_overlap_close_each_surplus_runner_once(tmp_path):
