@@ -40,7 +40,7 @@ from .store import JobRecord, ResultRecord, Statement
 from .streams import job_key, logs_key
 from .transitions import cancel_requested, job_to, note, submitted, task_end
 
-log = logging.getLogger("gpulayer.jobs")
+log = logging.getLogger(__name__)
 
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})

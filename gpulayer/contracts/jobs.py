@@ -175,6 +175,11 @@ class JobSpec(RequestModel):
         description="the task may call gpulayer (nested submits): it gets GPULAYER_URL and a"
         " GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs",
     )
+    queue_timeout: OptionalDuration = Field(
+        default=None,
+        description="longest wait in the queue, e.g. '10m': a job not started by then ends"
+        " timed_out, its reason naming why it waited (default: no limit)",
+    )
 
     @property
     def world_size(self) -> int:

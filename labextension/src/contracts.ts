@@ -164,6 +164,8 @@ export interface IJobSpec {
   launcher: 'torchrun' | 'direct';
   /** the task may call gpulayer (nested submits): it gets GPULAYER_URL and a GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs */
   api_access: boolean;
+  /** longest wait in the queue, e.g. '10m': a job not started by then ends timed_out, its reason naming why it waited (default: no limit) */
+  queue_timeout: number | null;
 }
 
 /** Life cycle of a job (and of each of its tasks). */
