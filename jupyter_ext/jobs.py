@@ -91,7 +91,7 @@ class Jobs:
         except Exception:  # the jobs are stored and queued; the next pass places them
             log.exception("placement after submitting %s failed", ids[0])
         if len(ids) == 1:
-            return [await self.get(ids[0])]
+            return [await self.get(ids[0], viewer)]
         return await self.by_ids(ids)
 
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
@@ -147,6 +147,7 @@ class Jobs:
             job.pending_reasons = reasons + ([behind] if behind else [])
             if not report.satisfiable:
                 job.reason = report.summary
+                job.unsatisfiable = True
         return job
 
     async def recent(
@@ -275,12 +276,12 @@ class Jobs:
                 )
             stmts = await self._cancelling(row, reason or f"cancelled by {by}")
         if stmts is None:  # already asked
-            return await self.get(job_id)
+            return await self.get(job_id, viewer)
         if stmts:
             await core.store.apply(stmts)
         core.notify_job(job_id)
         log.info("job %s: cancel requested", job_id)
-        return await self.get(job_id)
+        return await self.get(job_id, viewer)
 
     async def _cancelling(self, row: JobRecord, reason: str) -> list[Statement] | None:
         """Statements that cancel ``row`` (lock held); None when a cancel of its

@@ -9,7 +9,7 @@ from gpulayer import contracts, errors
 from gpulayer.cli import output
 from gpulayer.cli.logs import RAW_HELP, follow
 from gpulayer.cli.options import connect
-from gpulayer.client import specs, submit
+from gpulayer.client import pending, specs, submit
 
 #: ``gpulayer submit``'s options: every resource, job and gang option.
 SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
@@ -72,8 +72,10 @@ def _submit(args: argparse.Namespace) -> int:
         )
         if not args.follow:
             print(job.id, flush=True)
+            if job.info.unsatisfiable:  # it would wait for ever: say so at once
+                output.note(f"gpulayer: warning: job {job.id} {pending.why_queued(job.info)}")
             return 0
-        output.note(f"job {job.id} submitted; waiting for it to start ...")
+        output.note(f"job {job.id} submitted")
         return follow(conn, job.id, raw=args.raw)
 
 

@@ -14,6 +14,7 @@ from gpulayer.cli.options import connect
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.client.logs import stored_lines
+from gpulayer.client.pending import wait_to_start
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
 RAW_HELP = "print the output as it is, terminal control sequences included"
@@ -60,9 +61,11 @@ def print_line(
 
 
 def follow(conn: Connection, job_id: str, rank: int | None = None, *, raw: bool = False) -> int:
-    """Stream a job's output until it ends; returns the exit code to mirror."""
+    """Stream a job's output until it ends; returns the exit code to mirror. While
+    the job is queued it says why (within ~2 s, and again when the reason changes)."""
     decoder = MessageDecoder()
     try:
+        wait_to_start(conn, conn.job(job_id), output.note)
         for line in conn.follow_logs(job_id):
             print_line(line, rank, decoder, raw=raw)
         job = conn.wait(job_id)

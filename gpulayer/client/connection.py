@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls
-from gpulayer.client import artifacts
+from gpulayer.client import artifacts, pending
 from gpulayer.client.specs import pydantic_to_gpulayer
 
 #: Longer than the server's 30 s long-poll hold, so a hold never reads as a timeout.
@@ -268,7 +268,8 @@ class Connection:
         job = self.job(job_id)
         if job.state.terminal:
             return job
-        raise TimeoutError(f"job {job_id} did not end within {timeout:g}s (it is {job.state})")
+        why = pending.why_queued(job) or f"it is {job.state}"
+        raise TimeoutError(f"job {job_id} did not end within {timeout:g}s ({why})")
 
     def cancel(self, job_id: str) -> contracts.Job:
         """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended."""

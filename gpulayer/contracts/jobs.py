@@ -295,6 +295,11 @@ class Job(DocumentModel):
     pending_reasons: list[str] = Field(
         default=[], description="while queued: per worker, why the job does not fit there"
     )
+    unsatisfiable: bool = Field(
+        default=False,
+        description="while queued: no registered worker could ever run it (``reason`` says"
+        " why); it waits for a worker that could",
+    )
 
     @property
     def name(self) -> str:

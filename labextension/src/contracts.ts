@@ -124,6 +124,8 @@ export interface IJob {
   log_lines: number;
   /** while queued: per worker, why the job does not fit there */
   pending_reasons: string[];
+  /** while queued: no registered worker could ever run it (``reason`` says why); it waits for a worker that could */
+  unsatisfiable: boolean;
 }
 
 /** What a job runs. */
