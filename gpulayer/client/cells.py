@@ -125,6 +125,7 @@ def cell_spec(
     timeout: str | float | None = None,
     name: str | None = None,
     api_access: bool = False,
+    queue_timeout: str | float | None = None,
     **resources: Any,
 ) -> contracts.JobSpec:
     """The job of one cell; pushed variables go inline when small, else as a blob
@@ -152,6 +153,7 @@ def cell_spec(
         name=name,
         cell=cell,
         timeout=timeout,
+        queue_timeout=queue_timeout,
         api_access=api_access,
         resources=specs.resources(resources) if session is None else {},
     )
