@@ -10,7 +10,7 @@ from typing import Any
 
 from gpulayer import contracts
 from gpulayer.cli import output
-from gpulayer.cli.options import connect
+from gpulayer.cli.options import connect, examples
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.client.logs import stored_lines
@@ -22,8 +22,11 @@ RAW_HELP = "print the output as it is, terminal control sequences included"
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``logs`` to the ``gpulayer`` parser."""
-    logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
-    logs.add_argument("job_id", metavar="ID")
+    logs = sub.add_parser("logs", parents=[conn], help="print a job's output",
+                          epilog=examples("gpulayer logs 3f2a9c81d0e4",
+                                          "gpulayer logs -f 3f2a9c81d0e4   # until it ends",
+                                          "gpulayer logs 3f2a9c81d0e4 --rank 0"))  # fmt: skip
+    logs.add_argument("job_id", metavar="ID", help="the job's id")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     logs.add_argument("--rank", type=int, metavar="N", help="only the lines of global rank N")
     logs.add_argument("--raw", action="store_true", help=RAW_HELP)
