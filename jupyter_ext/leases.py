@@ -17,7 +17,7 @@ from .core import Core
 from .jobs import Jobs
 from .placer import Placer
 from .sessions import Sessions
-from .store import Statement, TaskRecord, WorkerRecord
+from .store import JobRecord, Statement, TaskRecord, WorkerRecord
 from .transitions import queue_timed_out, unplaced
 from .workers import Workers
 
@@ -69,19 +69,19 @@ class Leases:
         """End the jobs still queued after their ``queue_timeout`` (measured from when
         they last entered the queue); returns their ids."""
         core = self._core
-        due = []
+        due: list[tuple[JobRecord, float]] = []
         async for job in core.store.queued_jobs():
             limit = core.spec(job).queue_timeout
             if limit is not None and now - job.updated_at >= limit:
-                due.append(job)
+                due.append((job, limit))
         ended = []
-        for job in due:
+        for job, limit in due:
             why = await self._placer.why_waiting(job)
             async with core.lock:
                 row = await core.store.get_job(job.id)
                 if row is None or row.state != JobState.queued or row.updated_at != job.updated_at:
                     continue  # placed (or cancelled) meanwhile
-                await core.store.apply(queue_timed_out(now, row, now - row.updated_at, why))
+                await core.store.apply(queue_timed_out(now, row, limit, why))
             log.info("job %s: still queued after its queue timeout", job.id)
             ended.append(job.id)
         return ended

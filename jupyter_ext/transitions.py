@@ -143,11 +143,10 @@ def unplaced(now: float, job: JobRecord, task: TaskRecord, reason: str) -> list[
     ]
 
 
-def queue_timed_out(now: float, job: JobRecord, waited: float, why: str) -> list[Statement]:
-    """End a job still queued after its ``queue_timeout`` (``waited`` seconds in the
-    queue) as ``timed_out``; ``why`` says why it waited. It never ran, so it is not
-    retried."""
-    return job_to(now, job, _S.timed_out, f"still queued after {format_duration(waited)}: {why}")
+def queue_timed_out(now: float, job: JobRecord, limit: float, why: str) -> list[Statement]:
+    """End a job still queued after its ``queue_timeout`` (``limit`` seconds) as
+    ``timed_out``; ``why`` says why it waited. It never ran, so it is not retried."""
+    return job_to(now, job, _S.timed_out, f"still queued after {format_duration(limit)}: {why}")
 
 
 def cancel_requested(now: float, task: TaskRecord, reason: str) -> list[Statement]:

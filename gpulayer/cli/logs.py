@@ -77,7 +77,8 @@ def follow(conn: Connection, job_id: str, rank: int | None = None, *, raw: bool 
         raise
     code = "" if job.exit_code is None else f" (exit {job.exit_code})"
     why = f": {job.reason}" if job.reason and job.state != contracts.JobState.succeeded else ""
-    output.note(f"job {job.id} {job.state} in {contracts.format_duration(job.duration)}{code}{why}")
+    took = "" if job.duration is None else f" in {contracts.format_duration(job.duration)}"
+    output.note(f"job {job.id} {job.state}{took}{code}{why}")
     return exit_status(job)
 
 

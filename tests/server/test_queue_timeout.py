@@ -65,7 +65,7 @@ def test_an_unsatisfiable_job_ends_timed_out_naming_why_it_waited(plane) -> None
             ended = await cp.jobs.get(job.id)
             assert ended.state == JobState.timed_out
             assert ended.reason == (
-                "still queued after 10m01s: unsatisfiable: no registered worker could ever"
+                "still queued after 10m00s: unsatisfiable: no registered worker could ever"
                 " run this job; box: needs 1 × GPU, has no GPUs"
             )
             assert ended.ended_at is not None and ended.started_at is None
