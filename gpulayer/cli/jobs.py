@@ -150,6 +150,8 @@ def _job(args: argparse.Namespace) -> int:
         print("\nwhy it is waiting:")
         for reason in job.pending_reasons:
             output.say(f"  {reason}")
+        if job.unsatisfiable:
+            output.say(f"  (no worker could ever run it: {pending.hint(job)})")
     if job.tasks:
         print("\ntasks:")
         output.table(("TASK", "ATTEMPT", "STATE", "WORKER", "GPUS", "EXIT", "REASON"), [

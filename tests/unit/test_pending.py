@@ -145,3 +145,12 @@ def test_the_job_monitor_says_a_job_cannot_start_and_what_to_do() -> None:
     mon = JobMonitor(client.Job(mock({}), stuck()))
     assert mon.reasons.value.startswith(f"<b>cannot start</b>: {UNSAT}")
     assert "gpulayer up --simulated-gpus" in mon.reasons.value and NO_GPU in mon.reasons.value
+
+
+def test_job_details_say_what_to_do_about_an_unsatisfiable_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    conn = mock({"GET jobs/j1": [stuck()], "GET jobs/j1/events": [contracts.EventList(events=[])]})
+    assert cli.main(["job", "j1"], connection=conn) == 0
+    out = capsys.readouterr().out
+    assert f"why it is waiting:\n  {NO_GPU}\n  (no worker could ever run it: {GPU_HINT})\n" in out
