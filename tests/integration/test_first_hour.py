@@ -113,3 +113,20 @@ def test_up_status_and_down(tmp_path: Path) -> None:
         if up.poll() is None:
             up.terminate()
             up.wait(60)
+
+
+def test_jobs_into_a_reader_that_left_exits_0_quietly(laptop: LocalCluster, tmp_path: Path) -> None:
+    """`gpulayer jobs | head -2`: the reader is gone before the table is written."""
+    with laptop.connection() as conn:
+        submit(["true"], connection=conn).wait(timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulayer", "jobs"],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **as_user(laptop, tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(60) == 0
+    assert err == b""

@@ -8,7 +8,7 @@ import pytest
 
 from gpulayer.contracts import JobSpec, JobState, WorkerRegistration
 from jupyter_ext.artifacts import BlobStore
-from jupyter_ext.auth import TokenService
+from jupyter_ext.auth import Principal, TokenService
 from jupyter_ext.control_plane import ControlPlane
 from jupyter_ext.store import Store
 from jupyter_ext.streams import Notifier
@@ -112,5 +112,23 @@ def test_a_placed_job_does_not_time_out_in_the_queue(plane) -> None:
             clock.now += 60
             await cp.leases.sweep()
             assert (await cp.jobs.get(job.id)).state == JobState.scheduled
+
+    asyncio.run(body())
+
+
+def test_the_submit_answer_names_only_the_submitters_own_jobs(plane) -> None:
+    """The answer to a submit (and to a cancel) says why the job waits as its submitter
+    may read it: another owner's job holding the GPU is not named."""
+
+    async def body() -> None:
+        async with plane() as (cp, _):
+            await cp.workers.register(reg("box", gpus=1))
+            other = await cp.jobs.submit(spec(resources={"gpus": 1}), "bob")
+            ada = Principal(name="ada", role="submitter")
+            mine = await cp.jobs.submit(spec(resources={"gpus": 1}), "ada", ada)
+            assert mine.pending_reasons == ["box: needs 1 × GPU, has 0 free (GPU 0 busy)"]
+            cancelled = await cp.jobs.cancel(mine.id, by="ada", viewer=ada)
+            assert cancelled.state == JobState.cancelled
+            assert other.id[:6] not in " ".join(mine.pending_reasons)
 
     asyncio.run(body())

@@ -239,3 +239,15 @@ def test_job_names_every_node_of_a_distributed_job(capsys: pytest.CaptureFixture
     finally:
         ROUTES["GET jobs/j1"] = job()
     assert "worker:    local-1 (node 0), local-2 (node 1)\n" in capsys.readouterr().out
+
+
+def test_only_the_one_table_printer_pads_columns() -> None:
+    """Every text table goes through ``gpulayer.cli.output.table`` (one look, one
+    place that strips terminal control from cells)."""
+    padders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "gpulayer").rglob("*.py")
+        if path.name != "output.py"
+        and (".ljust(" in path.read_text() or ".rjust(" in path.read_text())
+    ]
+    assert padders == []

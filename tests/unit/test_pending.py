@@ -154,3 +154,15 @@ def test_job_details_say_what_to_do_about_an_unsatisfiable_job(
     assert cli.main(["job", "j1"], connection=conn) == 0
     out = capsys.readouterr().out
     assert f"why it is waiting:\n  {NO_GPU}\n  (no worker could ever run it: {GPU_HINT})\n" in out
+
+
+def test_a_remote_call_that_cannot_start_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpulayer.functions.calls import Call
+
+    conn = mock({
+        "GET jobs/j1": [stuck(), job("running", started_at=NOW)],
+        "GET jobs/j1/logs": [contracts.LogPage(lines=[], next_offset=0, complete=True)],
+    })  # fmt: skip
+    Call(conn, stuck(), "train", None).follow()
+    err = capsys.readouterr().err
+    assert err.startswith(f"[gpulayer] job j1 cannot start: {UNSAT} ({NO_GPU}); {GPU_HINT}\n")
