@@ -17,7 +17,7 @@ from gpulayer.cli.cluster import free_port
 from gpulayer.cluster import LocalCluster
 
 from ..support import until
-from .conftest import FAST
+from .conftest import FAST, kernel_env, notebook, outputs, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,3 +130,17 @@ def test_jobs_into_a_reader_that_left_exits_0_quietly(laptop: LocalCluster, tmp_
     proc.stderr.close()
     assert proc.wait(60) == 0
     assert err == b""
+
+
+def test_a_cell_no_worker_can_run_says_why_at_once_and_ends_by_its_queue_timeout(
+    laptop: LocalCluster, tmp_path: Path
+) -> None:
+    nb = notebook("%load_ext gpulayer",
+                  "%%gpulayer --gpus 4 --queue-timeout 5s\nprint('never')")  # fmt: skip
+    cell = run(nb, kernel_env(laptop, tmp_path)).cells[1]
+    said = "".join(o.text for o in outputs(cell, "stream") if o.name == "stderr")
+    assert said.startswith("[gpulayer] job ") and " cannot start: unsatisfiable" in said, said
+    assert "local-1: needs 4 × GPU, has no GPUs" in said
+    (error,) = outputs(cell, "error")
+    assert error.ename == "JobFailed"
+    assert "timed_out: still queued after 5.0s: unsatisfiable" in error.evalue
