@@ -132,3 +132,13 @@ def test_the_submit_answer_names_only_the_submitters_own_jobs(plane) -> None:
             assert other.id[:6] not in " ".join(mine.pending_reasons)
 
     asyncio.run(body())
+
+
+def test_the_state_machine_lets_a_queued_job_time_out_but_not_fail() -> None:
+    from gpulayer.errors import InvalidTransition
+    from jupyter_ext import transitions
+
+    transitions.check(JobState.queued, JobState.timed_out, "job", "j")
+    for never in (JobState.failed, JobState.succeeded, JobState.lost, JobState.running):
+        with pytest.raises(InvalidTransition):
+            transitions.check(JobState.queued, never, "job", "j")
