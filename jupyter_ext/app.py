@@ -193,6 +193,7 @@ class GpulayerApp(ExtensionApp):
         self._state = AppState(limits=limits)
         self._background: list[asyncio.Task[None]] = []
         self.settings["gpulayer"] = self._state
+        route_service_logs(self.log)
 
     def initialize_handlers(self) -> None:
         """Mount the route tables under the API prefix."""
@@ -282,6 +283,37 @@ class GpulayerApp(ExtensionApp):
         if running is not None:
             await running.plane.store.close()
             self._state.running = None
+
+
+class _ToServerLog(logging.Handler):
+    """Hands the services' records to the Jupyter server's log (its handlers,
+    format and level), so they land where the server's own lines do."""
+
+    def __init__(self, target: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
+        super().__init__()
+        self.target = target.logger if isinstance(target, logging.LoggerAdapter) else target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.target.isEnabledFor(record.levelno):
+            self.target.handle(record)
+
+
+def route_service_logs(server_log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
+    """Send the ``jupyter_ext.*`` loggers (the services: "worker registered",
+    "cancel requested", "task ended") to the server's log, at its level.
+
+    The server configures logging with ``dictConfig``, which disables every logger
+    that existed before (ours are created at import), so they are enabled again.
+    """
+    root = logging.getLogger("jupyter_ext")
+    for old in [h for h in root.handlers if isinstance(h, _ToServerLog)]:
+        root.removeHandler(old)  # a second app in this process (tests) replaces the first
+    handler = _ToServerLog(server_log)
+    root.addHandler(handler)
+    root.setLevel(handler.target.getEffectiveLevel())
+    for name, logger in logging.root.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger) and name.startswith("jupyter_ext."):
+            logger.disabled = False
 
 
 def kept_owner(data_dir: Path) -> str:

@@ -49,7 +49,7 @@ from .store.writes import insert_idempotency_key
 from .streams import job_key, logs_key
 from .transitions import cancel_requested, job_to, note, submitted, task_end
 
-log = logging.getLogger("gpulayer.jobs")
+log = logging.getLogger(__name__)
 
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
@@ -190,7 +190,7 @@ class Jobs:
         except Exception:  # the jobs are stored and queued; the next pass places them
             log.exception("placement after submitting %s failed", ids[0])
         if len(ids) == 1:
-            return [await self.get(ids[0])]
+            return [await self.get(ids[0], viewer)]
         return await self.by_ids(ids)
 
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
@@ -257,6 +257,7 @@ class Jobs:
             job.pending_reasons = reasons + ([behind] if behind else [])
             if not report.satisfiable:
                 job.reason = report.summary
+                job.unsatisfiable = True
         return job
 
     async def recent(
@@ -385,12 +386,12 @@ class Jobs:
                 )
             stmts = await self._cancelling(row, reason or f"cancelled by {by}")
         if stmts is None:  # already asked
-            return await self.get(job_id)
+            return await self.get(job_id, viewer)
         if stmts:
             await core.store.apply(stmts)
         core.notify_job(job_id)
         log.info("job %s: cancel requested", job_id)
-        return await self.get(job_id)
+        return await self.get(job_id, viewer)
 
     async def _cancelling(self, row: JobRecord, reason: str) -> list[Statement] | None:
         """Statements that cancel ``row`` (lock held); None when a cancel of its

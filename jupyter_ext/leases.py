@@ -2,7 +2,8 @@
 
 Running tasks whose lease runs out end ``lost`` (or are retried); tasks placed on a
 worker that went offline before picking them up go back to the queue (a gang's
-node ends its gang instead). Idle sessions are ended. After a control-plane
+node ends its gang instead). Jobs still queued after their ``queue_timeout`` end
+``timed_out``, saying why they waited. Idle sessions are ended. After a control-plane
 (re)start, :meth:`Leases.recover` gives every worker a lease to come back.
 """
 
@@ -16,11 +17,11 @@ from .core import Core
 from .jobs import Jobs
 from .placer import Placer
 from .sessions import Sessions
-from .store import Statement, TaskRecord, WorkerRecord
-from .transitions import unplaced
+from .store import JobRecord, Statement, TaskRecord, WorkerRecord
+from .transitions import queue_timed_out, unplaced
 from .workers import Workers
 
-log = logging.getLogger("gpulayer.leases")
+log = logging.getLogger(__name__)
 
 
 class Leases:
@@ -53,6 +54,7 @@ class Leases:
             stmts, ended = await self._expire(now)
             if stmts:
                 await core.store.apply(stmts)
+        ended += await self._queue_timeouts(now)
         for job_id in ended:
             core.notify_job(job_id)
             await self._sessions.job_ended(job_id)
@@ -62,6 +64,27 @@ class Leases:
                 await self._jobs.cancel(job_id, by="gpulayer", reason=reason)
         if stmts:
             await self._placer.schedule()
+
+    async def _queue_timeouts(self, now: float) -> list[str]:
+        """End the jobs still queued after their ``queue_timeout`` (measured from when
+        they last entered the queue); returns their ids."""
+        core = self._core
+        due: list[tuple[JobRecord, float]] = []
+        async for job in core.store.queued_jobs():
+            limit = core.spec(job).queue_timeout
+            if limit is not None and now - job.updated_at >= limit:
+                due.append((job, limit))
+        ended = []
+        for job, limit in due:
+            why = await self._placer.why_waiting(job)
+            async with core.lock:
+                row = await core.store.get_job(job.id)
+                if row is None or row.state != JobState.queued or row.updated_at != job.updated_at:
+                    continue  # placed (or cancelled) meanwhile
+                await core.store.apply(queue_timed_out(now, row, limit, why))
+            log.info("job %s: still queued after its queue timeout", job.id)
+            ended.append(job.id)
+        return ended
 
     async def _mark_silent(self, w: WorkerRecord, now: float) -> None:
         """Move a worker that stopped heartbeating to ``unhealthy``, then ``offline``."""

@@ -202,14 +202,27 @@ def shape(res: Resources) -> str:
 
 
 def placed_report(job: Job) -> Placement:
-    """The placement report of a job that is no longer queued."""
-    where = job.worker_name or "no worker"
-    gpus = job.tasks[-1].gpu_indices if job.tasks else []
-    gpu_text = f" (GPUs {','.join(map(str, gpus))})" if gpus else ""
-    verb = "ran on" if job.state.terminal else f"{job.state.value} on"
-    return Placement(
-        job_id=job.id, state=job.state, satisfiable=True, summary=f"{verb} {where}{gpu_text}"
+    """The placement report of a job that is no longer queued: its worker and GPUs,
+    or every node's of a distributed job (``local-1 (node 0, GPUs 0,1), local-2
+    (node 1, GPUs 0,1)``)."""
+    nodes = sorted(
+        (t for t in job.tasks if t.attempt == job.attempts and t.node_rank is not None),
+        key=lambda t: t.node_rank or 0,
     )
+    if len(nodes) > 1:
+        where = ", ".join(
+            f"{t.worker_name or 'no worker'} (node {t.node_rank}{_gpu_text(t.gpu_indices, ', ')})"
+            for t in nodes
+        )
+    else:
+        gpus = job.tasks[-1].gpu_indices if job.tasks else []
+        where = (job.worker_name or "no worker") + (f" ({_gpu_text(gpus)})" if gpus else "")
+    verb = "ran on" if job.state.terminal else f"{job.state.value} on"
+    return Placement(job_id=job.id, state=job.state, satisfiable=True, summary=f"{verb} {where}")
+
+
+def _gpu_text(gpus: list[int], lead: str = "") -> str:
+    return f"{lead}GPUs {','.join(map(str, gpus))}" if gpus else ""
 
 
 def waiting_report(

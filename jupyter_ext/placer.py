@@ -36,7 +36,7 @@ from .sessions import Sessions
 from .store import JobRecord, Statement
 from .transitions import placed_on
 
-log = logging.getLogger("gpulayer.placer")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -169,6 +169,17 @@ class Placer:
             return report, None
         jobs = "job" if ahead == 1 else "jobs"
         return report, f"behind {ahead} queued {jobs} (higher priority or older)"
+
+    async def why_waiting(self, job: JobRecord) -> str:
+        """Why a queued job waits, in one line for its owner (the reason a job that
+        ran out of queue time ends with): the per-worker reasons, naming only the
+        owner's own jobs."""
+        owner = Principal(name=job.owner, role="submitter")
+        report, behind = await self.queued_report(job, owner)
+        reasons = [f"{w.worker}: {w.reason}" for w in report.workers if not w.fits]
+        if not report.satisfiable or not reasons:
+            reasons.insert(0, report.summary)
+        return "; ".join(reasons + ([behind] if behind else []))
 
     async def waiting(
         self,

@@ -37,7 +37,7 @@ from .store import ArtifactRecord, Statement, TaskRecord
 from .store.writes import put_result
 from .streams import logs_key
 
-log = logging.getLogger("gpulayer.tasks")
+log = logging.getLogger(__name__)
 
 
 class Tasks:

@@ -7,6 +7,9 @@ with an ``events`` row (time, state, reason) in the caller's transaction::
       ▲            │            │
       └────────────┴────────────┘   retry, or a task taken back before it started
 
+A queued job ends ``cancelled``, or ``timed_out`` when its ``queue_timeout`` runs out
+before a worker started it.
+
 The functions here are pure: they take records as read under the control plane's
 lock and return :data:`~jupyter_ext.store.Statement` lists for
 :meth:`~jupyter_ext.store.Store.apply`. Nothing else builds a statement that
@@ -15,7 +18,7 @@ changes a job's or a task's state.
 
 from collections.abc import Sequence
 
-from gpulayer.contracts import TERMINAL_STATES, JobState
+from gpulayer.contracts import TERMINAL_STATES, JobState, format_duration
 from gpulayer.errors import InvalidTransition
 
 from .store import JobRecord, Statement, TaskRecord
@@ -25,7 +28,8 @@ _S = JobState
 
 #: Allowed moves of a job or task (terminal states allow none).
 ALLOWED: dict[JobState, frozenset[JobState]] = {
-    _S.queued: frozenset({_S.scheduled, _S.cancelled}),
+    # timed_out: its queue_timeout ran out before any worker started it
+    _S.queued: frozenset({_S.scheduled, _S.cancelled, _S.timed_out}),
     _S.scheduled: frozenset({_S.running, _S.queued, _S.cancelled, _S.lost}),
     _S.running: frozenset(
         {_S.succeeded, _S.failed, _S.cancelled, _S.timed_out, _S.lost, _S.queued}
@@ -137,6 +141,12 @@ def unplaced(now: float, job: JobRecord, task: TaskRecord, reason: str) -> list[
         w.set_job_attempt(job.id, job.attempts - 1, job.worker_id),
         *job_to(now, job, _S.queued, f"back in the queue: {reason}"),
     ]
+
+
+def queue_timed_out(now: float, job: JobRecord, limit: float, why: str) -> list[Statement]:
+    """End a job still queued after its ``queue_timeout`` (``limit`` seconds) as
+    ``timed_out``; ``why`` says why it waited. It never ran, so it is not retried."""
+    return job_to(now, job, _S.timed_out, f"still queued after {format_duration(limit)}: {why}")
 
 
 def cancel_requested(now: float, task: TaskRecord, reason: str) -> list[Statement]:

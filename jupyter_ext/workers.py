@@ -41,7 +41,7 @@ from .store.writes import delete_worker
 from .streams import worker_key
 from .transitions import started, unplaced
 
-log = logging.getLogger("gpulayer.workers")
+log = logging.getLogger(__name__)
 
 #: Registration fields kept as the worker's ``info``.
 _INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python", "address"}

@@ -10,8 +10,8 @@ import pydantic
 from gpulayer import contracts, errors
 from gpulayer.cli import output
 from gpulayer.cli.logs import RAW_HELP, follow
-from gpulayer.cli.options import bounded, connect
-from gpulayer.client import specs, submit
+from gpulayer.cli.options import bounded, connect, examples, output_options
+from gpulayer.client import pending, specs, submit
 
 #: ``gpulayer submit``'s options: every resource, job and gang option.
 SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
@@ -20,41 +20,57 @@ _FLAGS = {"labels": "--label"}
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add the job commands to the ``gpulayer`` parser."""
-    s = sub.add_parser("submit", parents=[conn], help="submit a command",
-                       usage="gpulayer submit [options] -- CMD [ARG ...]")  # fmt: skip
+    out = output_options()
+    s = sub.add_parser("submit", parents=[conn, out], help="submit a command",
+                       usage="gpulayer submit [options] -- CMD [ARG ...]",
+                       epilog=_SUBMIT_EXAMPLES)  # fmt: skip
     for name in SUBMIT_OPTIONS:
         flag, kwargs = specs.argument(name, _FLAGS.get(name))
         s.add_argument(flag, **kwargs)
-    s.add_argument("--workdir", type=Path, help="directory shipped as the task's cwd")
+    s.add_argument(
+        "--workdir", type=Path, metavar="DIR", help="directory shipped as the task's cwd"
+    )
     s.add_argument("--shell", metavar="'CMD | CMD'", help="run a string with /bin/sh -c")
     s.add_argument("-f", "--follow", action="store_true", help="stream output, exit like it")
     s.add_argument("--raw", action="store_true", help=f"with --follow: {RAW_HELP}")
     s.add_argument("command", nargs="*", metavar="CMD", help="argv, after `--`")
     s.set_defaults(func=_submit)
 
-    jobs = sub.add_parser("jobs", parents=[conn], help="list jobs")
-    jobs.add_argument("--state", choices=[str(s) for s in contracts.JobState])
-    jobs.add_argument("--limit", type=bounded(int, 1, 10000), default=50)
+    jobs = sub.add_parser("jobs", parents=[conn, out], help="list jobs", epilog=examples(
+        "gpulayer jobs", "gpulayer jobs --state queued --limit 10",
+        "gpulayer jobs -o json | jq -r '.jobs[].id'"))  # fmt: skip
+    jobs.add_argument("--state", choices=[str(s) for s in contracts.JobState],
+                      help="only jobs in this state")  # fmt: skip
+    jobs.add_argument("--limit", type=bounded(int, 1, 10000), default=50, metavar="N",
+                      help="the newest N jobs (default 50)")  # fmt: skip
     jobs.set_defaults(func=_jobs)
 
     for name, func, text in (
         ("job", _job, "show one job, its tasks and events"),
         ("cancel", _cancel, "cancel a job"),
-        ("explain", _explain, "why a job runs where it does, or waits"),
+        ("explain", _explain, "why a job runs where it does, or waits (exit 1: it never can)"),
     ):
-        p = sub.add_parser(name, parents=[conn], help=text)
-        p.add_argument("job_id", metavar="ID")
+        p = sub.add_parser(name, parents=[conn, out], help=text,
+                           epilog=examples(f"gpulayer {name} 3f2a9c81d0e4",
+                                           f"gpulayer {name} 3f2a9c81d0e4 -o json"))  # fmt: skip
+        p.add_argument("job_id", metavar="ID", help="the job's id (gpulayer jobs lists them)")
         p.set_defaults(func=func)
 
     delete = sub.add_parser(
-        "delete", parents=[conn], help="delete finished jobs with their logs and artifacts"
-    )
-    delete.add_argument("job_ids", nargs="+", metavar="ID")
+        "delete", parents=[conn], help="delete finished jobs with their logs and artifacts",
+        epilog=examples("gpulayer delete 3f2a9c81d0e4",
+                        "gpulayer delete 3f2a9c81d0e4 9b1e07c2aa41"),
+    )  # fmt: skip
+    delete.add_argument("job_ids", nargs="+", metavar="ID",
+                        help="finished jobs' ids (a queued or running job is refused)")  # fmt: skip
     delete.set_defaults(func=_delete)
 
     gc = sub.add_parser(
-        "gc", parents=[conn], help="delete old finished jobs and unused blobs now (admin)"
-    )
+        "gc", parents=[conn], help="delete old finished jobs and unused blobs now (admin)",
+        epilog=examples("gpulayer gc                      # unused blobs only, unless configured",
+                        "gpulayer gc --older-than 30d", "gpulayer gc --keep-jobs 1000",
+                        "gpulayer gc --max-bytes 50GiB"),
+    )  # fmt: skip
     gc.add_argument(
         "--older-than", metavar="DURATION", help="finished jobs that ended longer ago, e.g. 30d"
     )
@@ -68,10 +84,25 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     )
     gc.set_defaults(func=_gc)
 
-    arts = sub.add_parser("artifacts", parents=[conn], help="list or download artifacts")
-    arts.add_argument("job_id", metavar="ID")
-    arts.add_argument("--download", type=Path, metavar="DIR")
+    arts = sub.add_parser(
+        "artifacts", parents=[conn, out], help="list or download artifacts",
+        epilog=examples("gpulayer artifacts 3f2a9c81d0e4",
+                        "gpulayer artifacts 3f2a9c81d0e4 --download results/"),
+    )  # fmt: skip
+    arts.add_argument("job_id", metavar="ID", help="the job's id")
+    arts.add_argument("--download", type=Path, metavar="DIR",
+                      help="write them below DIR (never outside it)")  # fmt: skip
     arts.set_defaults(func=_artifacts)
+
+
+_SUBMIT_EXAMPLES = examples(
+    "gpulayer submit -- python -c 'print(1)'          # prints the job id",
+    "gpulayer submit --gpus 1 --timeout 1h30m -f -- python train.py",
+    "gpulayer submit --workdir . --shell 'pip list | grep torch' -f",
+    "gpulayer submit --gpus 8 --queue-timeout 10m -- python big.py",
+    "gpulayer submit --nodes 2 --nproc-per-node 2 --workdir . -- python ddp_train.py",
+    "JOB=$(gpulayer submit -- sleep 60) && gpulayer cancel $JOB",
+)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -94,16 +125,24 @@ def _submit(args: argparse.Namespace) -> int:
             connection=conn,
             **specs.given(args, SUBMIT_OPTIONS),
         )
-        if not args.follow:
+        if args.output == "json" and not args.follow:
+            output.document(job.info)
+        elif not args.follow:
             print(job.id, flush=True)
+        if not args.follow:
+            if job.info.unsatisfiable:  # it would wait for ever: say so at once
+                output.note(f"gpulayer: warning: job {job.id} {pending.why_queued(job.info)}")
             return 0
-        output.note(f"job {job.id} submitted; waiting for it to start ...")
+        output.note(f"job {job.id} submitted")
         return follow(conn, job.id, raw=args.raw)
 
 
 def _jobs(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         jobs = conn.jobs(state=args.state, limit=args.limit)
+    if args.output == "json":
+        output.document(contracts.JobList(jobs=jobs))
+        return 0
     output.table(("ID", "NAME", "STATE", "WORKER", "EXIT", "AGE", "DURATION"), [
         (j.id, j.spec.name or "-", str(j.state), j.worker_name or "-",
          output.exit_code(j.exit_code), output.age(j.created_at),
@@ -116,6 +155,9 @@ def _jobs(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         job = conn.job(args.job_id)
+        if args.output == "json":
+            output.document(job)
+            return 0
         events = conn.events(args.job_id)
     spec = job.spec
     program = spec.shell if spec.shell is not None else shlex.join(spec.command or [])
@@ -123,7 +165,7 @@ def _job(args: argparse.Namespace) -> int:
     when = output.when
     fields = [
         ("id", job.id), ("name", spec.name or "-"), ("state", str(job.state)),
-        ("reason", job.reason or "-"), ("owner", job.owner), ("worker", job.worker_name or "-"),
+        ("reason", job.reason or "-"), ("owner", job.owner), ("worker", where(job)),
         ("exit", output.exit_code(job.exit_code)),
         ("attempts", str(job.attempts)), ("command", program),
         ("resources", f"gpus={res.gpus} cpus={res.cpus:g}"
@@ -138,6 +180,8 @@ def _job(args: argparse.Namespace) -> int:
         print("\nwhy it is waiting:")
         for reason in job.pending_reasons:
             output.say(f"  {reason}")
+        if job.unsatisfiable:
+            output.say(f"  (no worker could ever run it: {pending.hint(job)})")
     if job.tasks:
         print("\ntasks:")
         output.table(("TASK", "ATTEMPT", "STATE", "WORKER", "GPUS", "EXIT", "REASON"), [
@@ -154,9 +198,25 @@ def _job(args: argparse.Namespace) -> int:
     return 0
 
 
+def where(job: contracts.Job) -> str:
+    """The worker of a job, or of every node of a distributed job's latest attempt:
+    ``local-1 (node 0), local-2 (node 1)``."""
+    nodes = sorted(
+        (t.node_rank, t.worker_name or "?")
+        for t in job.tasks
+        if t.attempt == job.attempts and t.node_rank is not None
+    )
+    if len(nodes) > 1:
+        return ", ".join(f"{name} (node {rank})" for rank, name in nodes)
+    return job.worker_name or "-"
+
+
 def _cancel(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         job = conn.cancel(args.job_id)
+    if args.output == "json":
+        output.document(job)
+        return 0
     output.say(f"{job.id} {job.state}")
     return 0
 
@@ -164,6 +224,9 @@ def _cancel(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         p = conn.placement(args.job_id)
+    if args.output == "json":
+        output.document(p)
+        return 0 if p.satisfiable else 1
     output.say(f"job {p.job_id} is {p.state}: {p.summary}")
     rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
              w.reason) for w in p.workers]  # fmt: skip
@@ -179,6 +242,9 @@ def _artifacts(args: argparse.Namespace) -> int:
                 output.say(str(path))
             return 0
         arts = conn.artifacts(args.job_id)
+    if args.output == "json":
+        output.document(contracts.ArtifactList(artifacts=arts))
+        return 0
     output.table(
         ("NAME", "SIZE", "SHA256"), [(a.name, output.size(a.size), a.sha256[:12]) for a in arts]
     )

@@ -11,10 +11,11 @@ from typing import Any
 
 from gpulayer import contracts
 from gpulayer.cli import output
-from gpulayer.cli.options import bounded, connect
+from gpulayer.cli.options import bounded, connect, examples
 from gpulayer.client import Connection
 from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.client.logs import stored_lines, with_attempt_marks
+from gpulayer.client.pending import wait_to_start
 
 _STDERR_STREAMS = (contracts.LogStream.stderr, contracts.LogStream.system)
 RAW_HELP = "print the output as it is, terminal control sequences included"
@@ -22,8 +23,11 @@ RAW_HELP = "print the output as it is, terminal control sequences included"
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``logs`` to the ``gpulayer`` parser."""
-    logs = sub.add_parser("logs", parents=[conn], help="print a job's output")
-    logs.add_argument("job_id", metavar="ID")
+    logs = sub.add_parser("logs", parents=[conn], help="print a job's output",
+                          epilog=examples("gpulayer logs 3f2a9c81d0e4",
+                                          "gpulayer logs -f 3f2a9c81d0e4   # until it ends",
+                                          "gpulayer logs 3f2a9c81d0e4 --rank 0"))  # fmt: skip
+    logs.add_argument("job_id", metavar="ID", help="the job's id")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
     logs.add_argument("--rank", type=bounded(int, 0), metavar="N",
                       help="only the lines of global rank N")  # fmt: skip
@@ -75,12 +79,14 @@ def follow(
     raw: bool = False,
 ) -> int:
     """Stream a job's output (only attempt ``attempt``'s when given) until it ends,
-    riding through control-plane restarts; returns the exit code to mirror."""
+    riding through control-plane restarts; returns the exit code to mirror. While the
+    job is queued it says why (within ~2 s, and again when the reason changes)."""
     decoder = MessageDecoder()
     lines = conn.follow_logs(job_id, attempt=attempt)
     if attempt is None:
         lines = with_attempt_marks(conn, job_id, lines)
     try:
+        wait_to_start(conn, conn.job(job_id), output.note)
         for line in lines:
             print_line(line, rank, decoder, raw=raw)
         job = conn.wait(job_id)
@@ -89,7 +95,8 @@ def follow(
         raise
     code = "" if job.exit_code is None else f" (exit {job.exit_code})"
     why = f": {job.reason}" if job.reason and job.state != contracts.JobState.succeeded else ""
-    output.note(f"job {job.id} {job.state} in {contracts.format_duration(job.duration)}{code}{why}")
+    took = "" if job.duration is None else f" in {contracts.format_duration(job.duration)}"
+    output.note(f"job {job.id} {job.state}{took}{code}{why}")
     return exit_status(job)
 
 

@@ -1,4 +1,5 @@
-"""What every command shares: the parser class, the connection options, the connection."""
+"""What every command shares: the parser class, the connection and output options,
+examples, the connection."""
 
 import argparse
 from typing import Any, NoReturn
@@ -8,7 +9,12 @@ from gpulayer.client import Connection, config
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors become one gpulayer error line."""
+    """An ArgumentParser whose usage errors become one gpulayer error line, and whose
+    description and examples keep their line breaks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise errors.ValidationError(f"{message} (see `{self.prog} --help`)")
@@ -42,6 +48,20 @@ def connection_options() -> argparse.ArgumentParser:
     conn.add_argument("--insecure", action="store_true", default=argparse.SUPPRESS,
                       help="send the token over http:// to another host (clear text)")  # fmt: skip
     return conn
+
+
+def output_options() -> argparse.ArgumentParser:
+    """The parent parser of ``-o``/``--output``: a table for people, or the
+    contract model's JSON for scripts."""
+    out = Parser(add_help=False)
+    out.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                     help="table (default) or json: the API's own model, one document")  # fmt: skip
+    return out
+
+
+def examples(*lines: str) -> str:
+    """An ``examples:`` epilog for a command's ``--help``."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def connect(args: argparse.Namespace) -> Connection:

@@ -1,4 +1,5 @@
-"""How the command line prints: the one table printer, times, sizes, notes, errors.
+"""How the command line prints: the one table printer, ``-o json`` documents, times,
+sizes, notes, errors.
 
 Results go to stdout; notes and errors to stderr, so ``$(gpulayer submit ...)``
 captures only the job id.
@@ -10,11 +11,14 @@ someone else's terminal. ``table``, ``note``, ``fail`` and ``say`` apply it
 themselves; ``gpulayer logs --raw`` prints a job's output unchanged.
 """
 
+import json
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, TextIO
+
+from pydantic import BaseModel
 
 from gpulayer import contracts
 
@@ -101,3 +105,21 @@ def size(n: int) -> str:
 def exit_code(code: int | None) -> str:
     """An exit code, ``-`` while there is none."""
     return "-" if code is None else str(code)
+
+
+def document(data: BaseModel | Mapping[str, Any]) -> None:
+    """Print what ``-o json`` asks for: a model's JSON (or a mapping of models'),
+    indented; every control and non-ASCII character escaped, so nothing reaches the
+    terminal raw and any JSON reader reads it back."""
+    value = data.model_dump(mode="json") if isinstance(data, BaseModel) else _plain_json(data)
+    print(json.dumps(value, indent=2, ensure_ascii=True), flush=True)
+
+
+def _plain_json(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(k): _plain_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_json(v) for v in value]
+    return value

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpulayer import contracts, errors
-from gpulayer.cli import output
-from gpulayer.cli.options import bounded
+from gpulayer.cli import output, pidfile
+from gpulayer.cli.options import bounded, examples
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
 
@@ -28,14 +28,23 @@ TASK_USER_HELP = (
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add ``up``, ``join`` and ``demo`` to the ``gpulayer`` parser."""
-    up = sub.add_parser("up", help="start a control plane and local workers here")
+    up = sub.add_parser("up", help="start a control plane and local workers here",
+                        epilog=examples(
+                            "gpulayer up                                # one CPU-only worker",
+                            "gpulayer up --simulated-gpus 2xA100-80GB   # try GPU jobs on a laptop",
+                            "gpulayer up --host 0.0.0.0 --local-workers 0   # workers join from"
+                            " elsewhere",
+                            "gpulayer down                              # stop it again",
+                        ))  # fmt: skip
     up.add_argument("--port", type=bounded(int, 1, 65535),
                     help="port (default: 8765, or a free one if taken)")  # fmt: skip
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    up.add_argument("--data-dir", type=Path, default=None,
+    up.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                     help="default: $GPULAYER_DATA_DIR or ~/.local/share/gpulayer")  # fmt: skip
-    up.add_argument("--local-workers", type=bounded(int, 0), default=1, metavar="N")
-    up.add_argument("--simulated-gpus", metavar="SPEC", help="e.g. 2xA100-80GB")
+    up.add_argument("--local-workers", type=bounded(int, 0), default=1, metavar="N",
+                    help="workers started here (default 1, named local-1, ...)")  # fmt: skip
+    up.add_argument("--simulated-gpus", metavar="SPEC",
+                    help="give the local workers simulated GPUs, e.g. 2xA100-80GB")  # fmt: skip
     up.add_argument("--slots", type=bounded(int, 1), default=4, help="tasks per local worker")
     up.add_argument("--tls", action="store_true",
                     help="serve HTTPS (always on when --host is not loopback)")  # fmt: skip
@@ -59,8 +68,15 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     up.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     up.set_defaults(func=_up)
 
-    join = sub.add_parser("join", help="run a worker for the control plane at URL")
-    join.add_argument("join_url", metavar="URL")
+    join = sub.add_parser("join", help="run a worker for the control plane at URL",
+                          epilog=examples(
+                              "export GPULAYER_JOIN_TOKEN=gl_...   # what `gpulayer up` printed",
+                              "gpulayer join https://cp.example.org:8765/"
+                              " --fingerprint sha256:...",
+                              "gpulayer join URL --token-file join.token --name gpu-box-7"
+                              " --slots 8 --label zone=lab",
+                          ))  # fmt: skip
+    join.add_argument("join_url", metavar="URL", help="the control plane's URL")
     join.add_argument("--token-file", type=Path, metavar="FILE",
                       help="read the join token from FILE (else $GPULAYER_JOIN_TOKEN)")  # fmt: skip
     join.add_argument("--token", help="the join token itself (other users see it in `ps`:"
@@ -74,8 +90,10 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     join.add_argument("--address", metavar="HOST",
                       help="where other workers reach this one for distributed jobs"
                            " (default: the IP used to reach the control plane)")  # fmt: skip
-    join.add_argument("--data-dir", type=Path, default=None)
-    join.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V")
+    join.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                      help="the worker's folders and credential")  # fmt: skip
+    join.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V",
+                      help="a label jobs may select (--selector K=V), repeatable")  # fmt: skip
     join.add_argument("--warm-runners", type=bounded(int, 0), default=1, metavar="N",
                       help="Python function runners started ahead of the first call")  # fmt: skip
     join.add_argument("--runner-max-calls", type=bounded(int, 1), default=1000, metavar="N",
@@ -86,7 +104,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     join.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
     join.set_defaults(func=_join)
 
-    sub.add_parser("demo", help="a tour on a throw-away local cluster").set_defaults(func=_demo)
+    sub.add_parser("demo", help="a tour on a throw-away local cluster",
+                   epilog=examples("gpulayer demo")).set_defaults(func=_demo)  # fmt: skip
 
 
 def default_data_dir() -> Path:
@@ -103,6 +122,11 @@ def _up(args: argparse.Namespace) -> int:
 
     _check_timings(args.heartbeat_seconds, args.lease_seconds)
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
+    if (running := pidfile.running(data_dir)) is not None:
+        raise errors.GpulayerError(
+            f"gpulayer up is already running for {data_dir} (pid {running.pid}, {running.url});"
+            " `gpulayer down` stops it"
+        )
     port = args.port if args.port is not None else preferred_port(args.host)
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots,
@@ -120,6 +144,7 @@ def _up(args: argparse.Namespace) -> int:
             output.note(as_you)
         cluster.start()
         try:
+            pidfile.write(data_dir, cluster.url)  # for `gpulayer down` and `gpulayer status`
             _print_up(cluster, args, data_dir)
             while True:
                 time.sleep(0.5)
@@ -131,6 +156,7 @@ def _up(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the shutdown finish
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             cluster.stop()
+            pidfile.remove(data_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)

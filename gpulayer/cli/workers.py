@@ -6,29 +6,38 @@ from typing import Any
 
 from gpulayer import contracts
 from gpulayer.cli import output
-from gpulayer.cli.options import connect
+from gpulayer.cli.options import connect, examples, output_options
 
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add the worker commands to the ``gpulayer`` parser."""
-    workers = sub.add_parser("workers", parents=[conn], help="list workers")
+    workers = sub.add_parser("workers", parents=[conn, output_options()], help="list workers",
+                             epilog=examples("gpulayer workers", "gpulayer workers -o json",
+                                             "gpulayer workers forget gpu-box-7"))  # fmt: skip
     workers.set_defaults(func=_workers)
     actions = workers.add_subparsers(dest="action", metavar="{forget}")
     forget = actions.add_parser(
-        "forget", parents=[conn], help="forget a worker so its name may join again (admin)"
+        "forget",
+        parents=[conn],
+        help="forget a worker so its name may join again (admin)",
+        epilog=examples("gpulayer workers forget gpu-box-7"),
     )
-    forget.add_argument("worker", metavar="NAME")
+    forget.add_argument("worker", metavar="NAME", help="the worker's name")
     forget.set_defaults(func=_forget)
     for name, text in (("drain", "finish a worker's tasks, give it no new ones"),
                        ("resume", "give a drained worker tasks again")):  # fmt: skip
-        p = sub.add_parser(name, parents=[conn], help=text)
-        p.add_argument("worker", metavar="NAME")
+        p = sub.add_parser(name, parents=[conn], help=text,
+                           epilog=examples(f"gpulayer {name} gpu-box-7"))  # fmt: skip
+        p.add_argument("worker", metavar="NAME", help="the worker's name")
         p.set_defaults(func=_drain)
 
 
 def _workers(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         workers = conn.workers()
+    if args.output == "json":
+        output.document(contracts.WorkerList(workers=workers))
+        return 0
     rows = [
         (w.name, str(w.state), str(w.slots), str(len(w.running_tasks)), devices(w.devices),
          gpu_use(w), str(w.cpus), output.size(w.memory_bytes),

@@ -8,6 +8,7 @@
 * :mod:`~gpulayer.client.logs`: reading a job's stored output
 * :mod:`~gpulayer.client.artifacts`: downloading a job's artifacts below a folder
 * :mod:`~gpulayer.client.cells`: cells in remote kernels (behind ``%%gpulayer``)
+* :mod:`~gpulayer.client.pending`: why a queued job waits, said where people wait
 """
 
 from gpulayer.client.connection import DEFAULT_TIMEOUT, LONG_POLL_SECONDS, Connection

@@ -27,9 +27,9 @@ from gpulayer import contracts, errors, variables
 from gpulayer.client import specs
 from gpulayer.client.connection import LONG_POLL_SECONDS, Connection
 from gpulayer.client.jobs import failure_of
+from gpulayer.client.pending import POLL_SECONDS, PendingNotes
 
 _INTERRUPT_WAIT_SECONDS = 10.0  # after an interrupt, how long the remote KeyboardInterrupt may take
-_PENDING_NOTE_SECONDS = 2.0  # a cell still queued after this long says why
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -125,6 +125,7 @@ def cell_spec(
     timeout: str | float | None = None,
     name: str | None = None,
     api_access: bool = False,
+    queue_timeout: str | float | None = None,
     **resources: Any,
 ) -> contracts.JobSpec:
     """The job of one cell; pushed variables go inline when small, else as a blob
@@ -152,6 +153,7 @@ def cell_spec(
         name=name,
         cell=cell,
         timeout=timeout,
+        queue_timeout=queue_timeout,
         api_access=api_access,
         resources=specs.resources(resources) if session is None else {},
     )
@@ -174,6 +176,7 @@ class RemoteCell:
         self._decoder = MessageDecoder()
         self._interrupted = False
         self._interrupted_at = 0.0
+        self._started = False  # placed or printing: holds may be long
 
     @property
     def id(self) -> str:
@@ -191,14 +194,15 @@ class RemoteCell:
         it stopped; after :meth:`interrupt` it follows a few seconds more, so the
         remote ``KeyboardInterrupt`` shows.
         """
-        started = time.monotonic()
-        noted = False
+        notes = PendingNotes()
+        self._explain(self.info, notes, on_line)  # unsatisfiable: said before any wait
         while self.reply is None:
             page = self.connection.logs(self.id, self.offset, wait=self._hold(), retry=True)
             for line in page.lines:
                 if line.offset < self.offset:
                     continue
                 self.offset = line.offset + 1
+                self._started = True
                 if line.stream != contracts.LogStream.iopub:
                     if on_line is not None:
                         on_line(line)
@@ -219,25 +223,31 @@ class RemoteCell:
                 _INTERRUPT_WAIT_SECONDS
             ):
                 break
-            if not noted and not page.lines and time.monotonic() - started > _PENDING_NOTE_SECONDS:
-                noted = True
-                self._note_pending(on_line)
+            if not self._started and not page.lines:
+                self._explain(self.connection.job(self.id, retry=True), notes, on_line)
 
     def _hold(self) -> float:
-        return 1.0 if self._interrupted else LONG_POLL_SECONDS
+        # Short holds until the cell starts, so why it waits is said within ~2 s.
+        return LONG_POLL_SECONDS if self._started and not self._interrupted else POLL_SECONDS
 
-    def _note_pending(self, on_line: Callable[[contracts.LogLine], None] | None) -> None:
-        """Say once why a cell is still waiting (a session starting, GPUs busy)."""
-        info = self.connection.job(self.id, retry=True)
-        if info.state != contracts.JobState.queued or on_line is None:
-            return
-        why = "; ".join(info.pending_reasons) or info.reason or "waiting"
-        on_line(
-            contracts.LogLine(
-                offset=-1, stream=contracts.LogStream.system, ts=info.updated_at,
-                text=f"job {info.id} is queued: {why}", rank=None,
-            )
-        )  # fmt: skip
+    def _explain(
+        self,
+        info: contracts.Job,
+        notes: PendingNotes,
+        on_line: Callable[[contracts.LogLine], None] | None,
+    ) -> None:
+        """Say why the cell waits (a session starting, GPUs busy, no such GPU), when
+        there is something new to say; note when it is no longer queued."""
+        if info.state != contracts.JobState.queued:
+            self._started = True
+        text = notes.note(info)
+        if text is not None and on_line is not None:
+            on_line(
+                contracts.LogLine(
+                    offset=-1, stream=contracts.LogStream.system, ts=info.updated_at,
+                    text=text, rank=None,
+                )
+            )  # fmt: skip
 
     @property
     def interrupted(self) -> bool:

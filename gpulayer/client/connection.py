@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls, transfer
-from gpulayer.client import artifacts, config
+from gpulayer.client import artifacts, config, pending
 from gpulayer.client.specs import pydantic_to_gpulayer
 
 log = logging.getLogger(__name__)
@@ -397,7 +397,8 @@ class Connection:
         job = self.job(job_id, retry=True)
         if job.state.terminal:
             return job
-        raise TimeoutError(f"job {job_id} did not end within {timeout:g}s (it is {job.state})")
+        why = pending.why_queued(job) or f"it is {job.state}"
+        raise TimeoutError(f"job {job_id} did not end within {timeout:g}s ({why})")
 
     def cancel(self, job_id: str, *, retry: bool = False) -> contracts.Job:
         """``POST jobs/{id}/cancel``; raises ``InvalidTransition`` once it has ended

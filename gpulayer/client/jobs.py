@@ -222,6 +222,9 @@ def submit(
         explicit options win over it.
     timeout
         Seconds or a string like ``"10m"``; the job is ``timed_out`` after it.
+    queue_timeout
+        The longest wait for a worker (``"10m"``); a job still queued then ends
+        ``timed_out``, its ``reason`` saying why it waited (default: no limit).
     retries
         Extra attempts after a failure or a lost worker (default 0).
     name, labels, priority

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
 #: The job fields a caller sets beside the program.
 JOB_OPTIONS: tuple[str, ...] = (
-    "name", "env", "labels", "priority", "timeout", "retries", "api_access",
+    "name", "env", "labels", "priority", "timeout", "retries", "api_access", "queue_timeout",
 )  # fmt: skip
 #: A distributed job (a gang of ``nodes`` x ``nproc_per_node``).
 GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
@@ -60,6 +60,7 @@ class JobOptions(ResourceOptions, total=False):
     labels: Mapping[str, str] | None
     priority: int
     api_access: bool
+    queue_timeout: str | float | None
     nodes: int
     nproc_per_node: int
     launcher: str
@@ -161,7 +162,7 @@ def key_value(text: str) -> tuple[str, str]:
 
 
 def duration(text: str) -> float:
-    """An argparse type: seconds or ``90s``, ``10m``, ``2h``."""
+    """An argparse type: seconds or ``90s``, ``10m``, ``2h``, ``1h30m``."""
     import argparse
 
     try:
@@ -170,18 +171,31 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+#: What a flag adds to its field: a metavar, a type, help where the field has no
+#: description (and help that reads better on a command line than the field's).
 _FLAGS: dict[str, dict[str, Any]] = {
     "profile": {"choices": list(contracts.PROFILES), "help": "a shorthand requirement set"},
-    "memory": {"help": "host memory, e.g. 8GiB"},
+    "gpus": {"metavar": "N", "help": "whole GPUs per task (default 0)"},
+    "cpus": {"metavar": "N", "help": "CPU cores per task, for placement (default 1)"},
+    "memory": {"metavar": "SIZE", "help": "host memory, e.g. 8GiB"},
     "gpu_memory": {"metavar": "SIZE"},
     "gpu_model": {"metavar": "REGEX", "help": "GPU name pattern, e.g. 'A100|H100'"},
+    "accelerator": {"help": "the kind of GPU each task needs"},
     "min_compute_capability": {"metavar": "X.Y", "help": "e.g. 8.0"},
+    "gpu_memory_kind": {"help": "GPU memory of its own, or shared with the CPU (Apple)"},
     "selector": {"metavar": "K=V", "help": "worker label that must match (repeatable)"},
     "worker": {"metavar": "NAME", "help": "run only on this worker"},
-    "timeout": {"type": duration, "help": "e.g. 90s, 10m, 2h"},
-    "env": {"metavar": "K=V"},
-    "labels": {"metavar": "K=V"},
-    "nodes": {"help": "distributed: nodes (one task per worker) started by torchrun"},
+    "name": {"metavar": "NAME", "help": "a name to list and find the job by"},
+    "env": {"metavar": "K=V", "help": "environment variable of the task (repeatable)"},
+    "labels": {"metavar": "K=V", "help": "label of the job, for people and filters (repeatable)"},
+    "priority": {"metavar": "N", "help": "higher runs first, -1000 to 1000 (default 0)"},
+    "timeout": {"type": duration, "metavar": "DURATION",
+                "help": "longest run, e.g. 90s, 10m, 1h30m; then it ends timed_out"},
+    "queue_timeout": {"type": duration, "metavar": "DURATION",
+                      "help": "longest wait for a worker, e.g. 10m; then it ends timed_out"
+                      " with the reason it waited (default: no limit)"},
+    "retries": {"metavar": "N", "help": "extra attempts after a failure or a lost worker"},
+    "nodes": {"metavar": "N", "help": "distributed: nodes, one task per worker, started together"},
     "nproc_per_node": {"metavar": "N"},
     "launcher": {"help": "distributed: torchrun, or gpulayer starting the ranks itself"},
     "api_access": {
@@ -189,7 +203,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
         "help": "the task may call gpulayer itself (nested submits): it gets a token of"
         " yours, role submitter at most, valid while it runs",
     },
-}
+}  # fmt: skip
 
 
 def argument(name: str, flag: str | None = None, **override: Any) -> tuple[str, dict[str, Any]]:

@@ -13,10 +13,14 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 MAX_DURATION_SECONDS: Final = 100 * 365.25 * 86400.0
 """Longest duration any field takes (100 years): later times cannot be stored or shown."""
+#: A duration of several parts, largest first, as :func:`format_duration` writes them.
+_COMPOUND = re.compile(r"^\s*(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+\s*$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"10m"``, ``"1.5h"`` or ``"2d"``.
+    """Seconds from ``90``, ``"90s"``, ``"10m"``, ``"1.5h"``, ``"2d"``, or several
+    parts like ``"1h30m"`` and ``"4m05s"`` (what :func:`format_duration` prints).
 
     Raises
     ------
@@ -28,12 +32,17 @@ def parse_duration(value: object) -> float:
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        m = _DURATION.match(str(value))
-        if not m:
+        text = str(value)
+        m = _DURATION.match(text)
+        if m:
+            seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        elif _COMPOUND.match(text):
+            seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(text))
+        else:
             raise ValueError(
-                f"{value!r} is not a duration; use seconds or a string like '90s', '10m', '2h'"
+                f"{value!r} is not a duration; use seconds or a string like '90s', '10m',"
+                " '2h', '1h30m'"
             )
-        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     if seconds <= 0:
         raise ValueError("a duration must be positive")
     if not math.isfinite(seconds) or seconds > MAX_DURATION_SECONDS:

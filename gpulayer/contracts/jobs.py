@@ -175,6 +175,11 @@ class JobSpec(RequestModel):
         description="the task may call gpulayer (nested submits): it gets GPULAYER_URL and a"
         " GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs",
     )
+    queue_timeout: OptionalDuration = Field(
+        default=None,
+        description="longest wait in the queue, e.g. '10m': a job not started by then ends"
+        " timed_out, its reason naming why it waited (default: no limit)",
+    )
 
     @property
     def world_size(self) -> int:
@@ -289,6 +294,11 @@ class Job(DocumentModel):
     log_lines: int = Field(default=0, description="lines of output stored so far")
     pending_reasons: list[str] = Field(
         default=[], description="while queued: per worker, why the job does not fit there"
+    )
+    unsatisfiable: bool = Field(
+        default=False,
+        description="while queued: no registered worker could ever run it (``reason`` says"
+        " why); it waits for a worker that could",
     )
 
     @property

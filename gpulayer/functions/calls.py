@@ -12,6 +12,7 @@ from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import Job
 from gpulayer.client.logs import stored_lines
+from gpulayer.client.pending import wait_to_start
 from gpulayer.functions.tracebacks import outcomes, value
 
 R = TypeVar("R")
@@ -102,9 +103,15 @@ class Call(Generic[R]):
         _print_lines(stored_lines(self.connection, self.id))
 
     def follow(self) -> None:
-        """Print lines live until the call ends."""
+        """Print lines live until the call ends; while it waits for a worker, say why
+        (on stderr, as ``[gpulayer] job ID queued: ...``)."""
+        self.info = wait_to_start(self.connection, self.info, _say)
         _print_lines(self.connection.follow_logs(self.id))
         self.info = self.connection.job(self.id, retry=True)
+
+
+def _say(text: str) -> None:
+    print(f"[gpulayer] {text}", file=sys.stderr, flush=True)
 
 
 def _print_lines(lines: Iterable[contracts.LogLine]) -> None:

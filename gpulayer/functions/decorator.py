@@ -68,6 +68,9 @@ def remote(fn: Callable[P, R] | None = None, /, **options: Any) -> Any:
     timeout
         Per call: seconds or a string like ``"10m"``; the call is ``timed_out``
         (its runner killed) after it.
+    queue_timeout
+        Per call: the longest wait for a worker (``"10m"``); a call still queued
+        then ends ``timed_out`` with the reason it waited.
     retries
         Extra attempts after the runner crashed or its worker was lost.
     retry_exceptions

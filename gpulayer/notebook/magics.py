@@ -9,8 +9,8 @@ URL or token; elsewhere the connection comes from ``GPULAYER_URL`` /
 The cell magic::
 
     %%gpulayer [--gpus N] [--gpu-memory 24GiB] [--worker NAME] [--session NAME]
-               [--idle-timeout 30m] [--timeout 10m] [--push a,b] [--pull c,d] [--no-wait]
-               [--api-access]
+               [--idle-timeout 30m] [--timeout 10m] [--queue-timeout 10m] [--push a,b]
+               [--pull c,d] [--no-wait] [--api-access]
 
 runs the cell in a headless kernel on a worker: a fresh one, or with
 ``--session NAME`` the session's persistent kernel (started on first use with
@@ -21,7 +21,10 @@ the remote traceback marked with worker and job; the notebook's interrupt
 button interrupts the remote cell (twice: cancels it). ``--push`` sends local
 variables first and ``--pull`` brings variables back after it (cloudpickle:
 same Python minor version on both sides). ``--no-wait`` returns the
-:class:`~gpulayer.Job` at once. ``--api-access`` lets the remote kernel call
+:class:`~gpulayer.Job` at once. While the cell waits for a worker it says why
+(within about two seconds, at once when no worker could ever run it, and again
+when the reason changes); ``--queue-timeout`` ends it ``timed_out`` if no worker
+started it in time. ``--api-access`` lets the remote kernel call
 gpulayer itself (``gl.connect()`` there connects as you, role ``submitter`` at
 most, while it runs); with ``--session`` it applies when the cell starts the session.
 
@@ -97,6 +100,8 @@ class GpulayerMagics(Magics):
     @argument("--session", metavar="NAME", help="run in this persistent remote kernel")
     @argument("--idle-timeout", metavar="DURATION", help="a new session ends after this idle")
     @argument("--timeout", metavar="DURATION", help="the cell's time limit, e.g. 10m")
+    @argument("--queue-timeout", metavar="DURATION",
+              help="longest wait for a worker, e.g. 10m; then the cell ends timed_out")  # fmt: skip
     @argument("--push", metavar="a,b", help="variables to send to the remote kernel first")
     @argument("--pull", metavar="c,d", help="variables to bring back afterwards")
     @argument("--no-wait", action="store_true", help="return the Job at once")
@@ -122,6 +127,7 @@ class GpulayerMagics(Magics):
         if args.gpus < 0:
             raise UsageError("--gpus must be 0 or more")
         timeout = _duration(args.timeout) if args.timeout else None
+        queue_timeout = _duration(args.queue_timeout) if args.queue_timeout else None
         if args.idle_timeout:
             _duration(args.idle_timeout)
         if args.idle_timeout and not args.session:
@@ -140,6 +146,7 @@ class GpulayerMagics(Magics):
             if args.session:
                 raise UsageError("--nodes runs the cell as a script on every rank; drop --session")
             values = {n: ns[n] for n in push}
+            resources["queue_timeout"] = queue_timeout
             return self._run_gang(args, source, values, pull, timeout, resources)
         conn = connection()
         try:
@@ -151,7 +158,8 @@ class GpulayerMagics(Magics):
                 resources = {}
             run = cells.submit(
                 conn, source, session=args.session, push={n: ns[n] for n in push},
-                pull=pull, timeout=timeout, api_access=args.api_access, **resources,
+                pull=pull, timeout=timeout, queue_timeout=queue_timeout,
+                api_access=args.api_access, **resources,
             )  # fmt: skip
         except errors.ValidationError as e:
             raise UsageError(e.message) from e

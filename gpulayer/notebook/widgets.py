@@ -29,7 +29,7 @@ import ipywidgets as w
 from traitlets import Dict, Float, Int, List, Unicode
 
 from gpulayer import contracts, errors
-from gpulayer.client import Connection, Job
+from gpulayer.client import Connection, Job, pending
 from gpulayer.client.cells import MessageDecoder, log_text
 from gpulayer.notebook.charts import Points, default_metric, svg_chart
 
@@ -243,6 +243,10 @@ class JobMonitor(w.VBox):
             if self.pending_reasons
             else ""
         )
+        if info.state == "queued" and info.unsatisfiable:  # it would wait for ever
+            why = html.escape(info.reason or "no registered worker could ever run it")
+            todo = html.escape(pending.hint(info))
+            self.reasons.value = f"<b>cannot start</b>: {why}; {todo}{self.reasons.value}"
         self.cancel_button.disabled = info.state.terminal
         self.cancel_button.button_style = "" if info.state.terminal else "danger"
         style = _STATE_STYLE.get(self.state)

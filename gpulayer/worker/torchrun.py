@@ -66,6 +66,16 @@ def gang_env(gang: Gang) -> dict[str, str]:
     }
 
 
+def threads_env(env: Mapping[str, str], gang: Gang) -> dict[str, str]:
+    """``env`` with ``OMP_NUM_THREADS=1`` when a node runs several ranks and the job
+    did not set it: what torchrun would set, so each rank does not start a thread
+    per core, and so torchrun does not print its untagged ``Setting
+    OMP_NUM_THREADS ...`` banner into every node's log. Both launchers get it."""
+    if gang.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+        return {**env, "OMP_NUM_THREADS": "1"}
+    return dict(env)
+
+
 def torchrun_argv(gang: Gang, command: list[str], python: str = sys.executable) -> list[str]:
     """The torchrun command line of one node."""
     return [
@@ -161,7 +171,8 @@ class GangRun:
 
     async def _torchrun(self) -> RunOutcome:
         argv = torchrun_argv(self.gang, argv_for(self.spec))
-        env = {**self.env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[gl-rank${rank}]:"}
+        env = {**threads_env(self.env, self.gang),
+               "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[gl-rank${rank}]:"}  # fmt: skip
         spec = self.spec.model_copy(update={"command": argv, "shell": None})
         run = CommandRun(
             spec,
@@ -204,7 +215,7 @@ class GangRun:
         spec = self.spec.model_copy(update={"command": argv, "shell": None})
         for local in range(g.nproc_per_node):
             rank = g.node_rank * g.nproc_per_node + local
-            env = {**self.env, "RANK": str(rank), "LOCAL_RANK": str(local)}
+            env = {**threads_env(self.env, g), "RANK": str(rank), "LOCAL_RANK": str(local)}
             self._runs.append(
                 CommandRun(
                     spec,

@@ -124,6 +124,8 @@ export interface IJob {
   log_lines: number;
   /** while queued: per worker, why the job does not fit there */
   pending_reasons: string[];
+  /** while queued: no registered worker could ever run it (``reason`` says why); it waits for a worker that could */
+  unsatisfiable: boolean;
 }
 
 /** What a job runs. */
@@ -164,6 +166,8 @@ export interface IJobSpec {
   launcher: 'torchrun' | 'direct';
   /** the task may call gpulayer (nested submits): it gets GPULAYER_URL and a GPULAYER_TOKEN of the job's owner, role submitter at most, valid while it runs */
   api_access: boolean;
+  /** longest wait in the queue, e.g. '10m': a job not started by then ends timed_out, its reason naming why it waited (default: no limit) */
+  queue_timeout: number | null;
 }
 
 /** Life cycle of a job (and of each of its tasks). */

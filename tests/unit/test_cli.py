@@ -119,6 +119,7 @@ def test_submit_follow_streams_by_stream_and_exits_like_the_job(
     ended = job("failed", exit_code=3, started_at=NOW, ended_at=NOW, reason="exit code 3")
     conn = mock({
         "POST jobs": [job()],
+        "GET jobs/j1": [job("running", started_at=NOW)],
         "GET jobs/j1/logs": [
             contracts.LogPage(lines=lines, next_offset=2, complete=True),
             contracts.LogPage(lines=[], next_offset=2, complete=True),
@@ -206,6 +207,7 @@ def test_job_details_and_follow_strip_escapes(capsys: pytest.CaptureFixture[str]
     ended = job("failed", exit_code=3, started_at=NOW, ended_at=NOW, reason=f"boom{evil}")
     conn = mock({
         "POST jobs": [job()],
+        "GET jobs/j1": [job("running")],
         "GET jobs/j1/logs": [log_page(f"{ESC}[1Aup"), log_page()],
         "GET jobs/j1/wait": [ended],
     })  # fmt: skip

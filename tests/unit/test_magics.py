@@ -175,6 +175,12 @@ def test_api_access_reaches_the_cell_or_the_session_it_starts(ip, plane):
     assert json.loads(create.content)["api_access"] is True
 
 
+def test_queue_timeout_reaches_the_cell(ip, plane):
+    fake = plane(msg("execute_reply", status="ok"))
+    ip.run_cell_magic("gpulayer", "--queue-timeout 1h30m --no-wait", "pass")
+    assert fake.submitted[-1].queue_timeout == 5400
+
+
 def test_no_wait_returns_the_job(ip, plane):
     plane(msg("execute_reply", status="ok"))
     job = ip.run_cell_magic("gpulayer", "--no-wait", "train()")
@@ -187,6 +193,7 @@ def test_no_wait_returns_the_job(ip, plane):
         ("--gpus two", "invalid int value"),
         ("--gpus -1", "--gpus must be 0 or more"),
         ("--timeout soon", "is not a duration"),
+        ("--queue-timeout soon", "is not a duration"),
         ("--pull c --no-wait", "--pull needs the cell to finish here"),
         ("--push nope", "'nope' is not defined in this notebook"),
         ("--push 1x", "'1x' is not a Python variable name"),
