@@ -197,6 +197,8 @@ class RemoteFunction(Generic[P, R]):
             Show progress: a widget in a notebook, a bar in a terminal (default:
             where one of them is available).
 
+        Notes
+        -----
         Stopping the iteration early (``break``, an exception, Ctrl-C, or closing
         the returned :class:`MapRun`) cancels the calls that have not finished.
         """
