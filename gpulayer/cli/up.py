@@ -14,6 +14,7 @@ from gpulayer import errors
 from gpulayer.cli import output
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
+from gpulayer.notebook import progress
 
 if TYPE_CHECKING:
     from gpulayer.cli.cluster import LocalCluster
@@ -86,7 +87,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         output.note(f"starting the gpulayer control plane and {args.local_workers} local"
                     f" worker(s) in {data_dir} ...")  # fmt: skip
-        cluster.start()
+        steps = ["control plane"] + (["workers"] if args.local_workers else [])
+        cluster.start(ready=progress.steps(steps, "starting gpulayer"))
         try:
             _print_up(cluster, args, data_dir)
             while True:
