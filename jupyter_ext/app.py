@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int, Unicode, default, validate
 
+from gpulayer import paths
 from gpulayer.contracts import API_PREFIX, plain_text
 
 from . import api, prometheus
@@ -57,9 +57,10 @@ class GpulayerApp(ExtensionApp):
     # this attribute is not consulted.
     load_other_extensions = False
 
-    data_dir = Unicode(help="Directory for the database, blobs and the bootstrap tokens.").tag(
-        config=True
-    )
+    data_dir = Unicode(
+        help="Directory for the database, blobs and the bootstrap tokens (default:"
+        " $GPULAYER_DATA_DIR, else <Jupyter data dir>/gpulayer, as for `gpulayer up`)."
+    ).tag(config=True)
     db_path = Unicode(help="SQLite database file (default: <data_dir>/gpulayer.db).").tag(
         config=True
     )
@@ -107,7 +108,7 @@ class GpulayerApp(ExtensionApp):
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
-        return str(Path(jupyter_data_dir()) / "gpulayer")
+        return str(paths.data_dir())  # the one default, shared with `gpulayer up`
 
     @default("db_path")
     def _default_db_path(self) -> str:
@@ -144,7 +145,8 @@ class GpulayerApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
         data = Path(self.data_dir)
-        data.mkdir(parents=True, exist_ok=True)
+        for note in paths.prepare_data_dir(data):  # an older gpulayer's folder moves here
+            self.log.warning("gpulayer: %s", note)
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter)

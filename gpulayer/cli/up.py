@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import errors
+from gpulayer import errors, paths
 from gpulayer.cli import output
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
@@ -26,7 +26,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     up.add_argument("--port", type=int, help="port (default: 8765, or a free one if taken)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--data-dir", type=Path, default=None,
-                    help="default: $GPULAYER_DATA_DIR or ~/.local/share/gpulayer")  # fmt: skip
+                    help="default: $GPULAYER_DATA_DIR, else <Jupyter data dir>/gpulayer"
+                         " (~/.local/share/jupyter/gpulayer on Linux)")  # fmt: skip
     up.add_argument("--local-workers", type=int, default=1, metavar="N")
     up.add_argument("--simulated-gpus", metavar="SPEC", help="e.g. 2xA100-80GB")
     up.add_argument("--slots", type=int, default=4, help="tasks per local worker")
@@ -65,11 +66,9 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 
 
 def default_data_dir() -> Path:
-    """``$GPULAYER_DATA_DIR``, else ``$XDG_DATA_HOME/gpulayer`` (``~/.local/share/gpulayer``)."""
-    if os.environ.get("GPULAYER_DATA_DIR"):
-        return Path(os.environ["GPULAYER_DATA_DIR"]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base).expanduser() / "gpulayer"
+    """The one default data dir (:func:`gpulayer.paths.data_dir`): ``$GPULAYER_DATA_DIR``,
+    else ``<Jupyter data dir>/gpulayer``, the folder ``jupyter lab`` uses too."""
+    return paths.data_dir()
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -77,6 +76,8 @@ def _up(args: argparse.Namespace) -> int:
     from gpulayer.cli.cluster import LocalCluster, preferred_port
 
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
+    for note in paths.prepare_data_dir(data_dir):  # an older gpulayer's folder moves here
+        output.note(note)
     port = args.port if args.port is not None else preferred_port(args.host)
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots,
