@@ -9,7 +9,8 @@ folder (``~/.config/gpulayer`` on Linux). Why these two: ``docs/adr/0095-one-dat
 
 :func:`prepare_data_dir` readies the folder before a control plane opens it: it
 moves the folder older versions of ``gpulayer up`` used (``~/.local/share/gpulayer``)
-into place, and keeps the folder private (0700, no file readable by others).
+into place, and keeps the folder private (0700). :func:`lock_data_dir` lets one
+control plane at a time use it.
 
 Both sides import this module (``gpulayer up`` and the ``jupyter_ext`` control
 plane); it imports nothing from gpulayer.
@@ -20,10 +21,13 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import TextIO
 
 log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "GPULAYER_DATA_DIR"
+#: Held (``flock``) by the control plane that uses the folder, with its pid inside.
+LOCK_FILE = "control-plane.lock"
 #: The connection file's folder when ``$GPULAYER_CONFIG`` does not name the file.
 APP_NAME = "gpulayer"
 
@@ -88,6 +92,40 @@ def prepare_data_dir(path: Path) -> list[str]:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)  # nobody else can reach anything below it
     return notes
+
+
+class DataDirInUse(RuntimeError):
+    """Another control plane holds the data dir: two would both schedule from one
+    database."""
+
+
+def lock_data_dir(path: Path) -> TextIO:
+    """Hold ``<path>/control-plane.lock`` for as long as the answer stays open (the
+    lock goes with the process, however it ends).
+
+    Raises
+    ------
+    DataDirInUse
+        When another process holds it; the message names its pid and the way out.
+    """
+    import fcntl
+
+    handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise DataDirInUse(
+            f"another gpulayer control plane ({holder}) uses {path}: stop it, or give"
+            " this one its own folder (gpulayer up --data-dir DIR, c.GpulayerApp.data_dir)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def _same(a: Path, b: Path) -> bool:

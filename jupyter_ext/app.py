@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int, Unicode, default, validate
@@ -56,6 +56,8 @@ class GpulayerApp(ExtensionApp):
     # `python -m jupyter_ext` is a headless control plane; inside `jupyter lab`
     # this attribute is not consulted.
     load_other_extensions = False
+    #: Set by :func:`main` (``python -m jupyter_ext``): the server exists for gpulayer only.
+    headless = False
 
     data_dir = Unicode(
         help="Directory for the database, blobs and the bootstrap tokens (default:"
@@ -133,6 +135,23 @@ class GpulayerApp(ExtensionApp):
         self._state = AppState(limits=limits)
         self._background: list[asyncio.Task[None]] = []
         self.settings["gpulayer"] = self._state
+        self._data_lock = self._hold_data_dir()
+
+    def _hold_data_dir(self) -> TextIO:
+        """Ready the data dir and hold it: one control plane per data dir (`gpulayer up`
+        and `jupyter lab` share the default). Raised here, while the extension loads, a
+        second one fails at once: Jupyter logs it and runs without gpulayer, and a
+        headless one exits."""
+        data = Path(self.data_dir)
+        for note in paths.prepare_data_dir(data):  # an older gpulayer's folder moves here
+            self.log.warning("gpulayer: %s", note)
+        try:
+            return paths.lock_data_dir(data)
+        except paths.DataDirInUse as e:
+            if self.headless:  # nothing else to serve: exit, and `gpulayer up` says why
+                self.log.critical("gpulayer: %s", e)
+                raise SystemExit(f"gpulayer: {e}") from None
+            raise
 
     def initialize_handlers(self) -> None:
         """Mount the route tables under the API prefix."""
@@ -145,8 +164,6 @@ class GpulayerApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
         data = Path(self.data_dir)
-        for note in paths.prepare_data_dir(data):  # an older gpulayer's folder moves here
-            self.log.warning("gpulayer: %s", note)
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter)
@@ -199,6 +216,7 @@ class GpulayerApp(ExtensionApp):
         if running is not None:
             await running.plane.store.close()
             self._state.running = None
+        self._data_lock.close()  # the next control plane on this data dir may start
 
 
 def kept_owner(data_dir: Path) -> str:
@@ -235,6 +253,7 @@ def kept_owner(data_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run a headless control plane (``python -m jupyter_ext``)."""
+    GpulayerApp.headless = True
     GpulayerApp.launch_instance(argv)  # type: ignore[no-untyped-call]  # jupyter_server leaves it untyped
 
 

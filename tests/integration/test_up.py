@@ -13,7 +13,13 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
+from gpulayer.cli.cluster import LocalCluster
 from gpulayer.cli.processes import free_port
+from gpulayer.errors import GpulayerError
+
+from .conftest import FAST
 
 
 def read_until(fd: int, marker: str, timeout: float) -> str:
@@ -69,3 +75,13 @@ def test_up_in_a_terminal_shows_start_up_and_moves_old_data(tmp_path: Path) -> N
     assert (data / "notes.txt").read_text() == "kept from an older gpulayer\n"
     assert (data / "admin.token").is_file() and (data / "gpulayer.db").is_file()
     assert legacy.is_symlink() and (data.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_second_control_plane_on_the_same_data_dir_stops_at_once(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, workers=0, **FAST):
+        second = LocalCluster(tmp_path, workers=0, **FAST)
+        started = time.monotonic()
+        with pytest.raises(GpulayerError, match="another gpulayer control plane") as info:
+            second.start()
+        assert time.monotonic() - started < 50  # not the 60 s start-up deadline
+        assert "--data-dir" in str(info.value)

@@ -1,6 +1,7 @@
 """One default data dir for `gpulayer up` and the extension, the client's config dir,
 and an older gpulayer's ~/.local/share/gpulayer moved into place, private."""
 
+import os
 import stat
 from pathlib import Path
 
@@ -106,3 +107,15 @@ def test_a_fresh_machine_gets_a_private_empty_folder(home: Path) -> None:
     assert paths.prepare_data_dir(target) == []
     assert target.is_dir() and mode(target) == 0o700
     assert not paths.legacy_data_dir().exists()
+
+
+def test_one_control_plane_holds_a_data_dir_at_a_time(home: Path) -> None:
+    target = paths.data_dir()
+    paths.prepare_data_dir(target)
+    first = paths.lock_data_dir(target)
+    try:
+        with pytest.raises(paths.DataDirInUse, match=rf"pid {os.getpid()}\) uses {target}"):
+            paths.lock_data_dir(target)
+    finally:
+        first.close()
+    paths.lock_data_dir(target).close()  # released with its holder
