@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` loads the
     from gpulayer.client.jobs import Job, submit
     from gpulayer.functions import Call, RemoteFunction, as_completed, remote, wait
 
+#: The one version source: pyproject.toml reads it (hatch); labextension/package.json
+#: follows it (tests/unit/test_packaging.py).
 __version__ = "0.1.0"
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Moved to :mod:`gpulayer.notebook.progress`; this path stays importable."""
 
-from gpulayer.notebook.progress import Progress, TextProgress, WidgetProgress, in_notebook
+from gpulayer.notebook.progress import Bar, Progress, bar, in_notebook, transfer
 
-__all__ = ["Progress", "TextProgress", "WidgetProgress", "in_notebook"]
+__all__ = ["Bar", "Progress", "bar", "in_notebook", "transfer"]

@@ -13,12 +13,12 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Int, Unicode, default, validate
 
+from gpulayer import paths
 from gpulayer.contracts import (
     API_PREFIX,
     DEFAULT_HEARTBEAT_SECONDS,
@@ -63,10 +63,13 @@ class GpulayerApp(ExtensionApp):
     # `python -m jupyter_ext` is a headless control plane; inside `jupyter lab`
     # this attribute is not consulted.
     load_other_extensions = False
+    #: Set by :func:`main` (``python -m jupyter_ext``): the server exists for gpulayer only.
+    headless = False
 
-    data_dir = Unicode(help="Directory for the database, blobs and the bootstrap tokens.").tag(
-        config=True
-    )
+    data_dir = Unicode(
+        help="Directory for the database, blobs and the bootstrap tokens (default:"
+        " $GPULAYER_DATA_DIR, else <Jupyter data dir>/gpulayer, as for `gpulayer up`)."
+    ).tag(config=True)
     db_path = Unicode(help="SQLite database file (default: <data_dir>/gpulayer.db).").tag(
         config=True
     )
@@ -165,7 +168,7 @@ class GpulayerApp(ExtensionApp):
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
-        return str(Path(jupyter_data_dir()) / "gpulayer")
+        return str(paths.data_dir())  # the one default, shared with `gpulayer up`
 
     @default("db_path")
     def _default_db_path(self) -> str:
@@ -194,6 +197,23 @@ class GpulayerApp(ExtensionApp):
         self._background: list[asyncio.Task[None]] = []
         self.settings["gpulayer"] = self._state
         route_service_logs(self.log)
+        self._data_lock = self._hold_data_dir()
+
+    def _hold_data_dir(self) -> TextIO:
+        """Ready the data dir and hold it: one control plane per data dir (`gpulayer up`
+        and `jupyter lab` share the default). Raised here, while the extension loads, a
+        second one fails at once: Jupyter logs it and runs without gpulayer, and a
+        headless one exits."""
+        data = Path(self.data_dir)
+        for note in paths.prepare_data_dir(data):  # an older gpulayer's folder moves here
+            self.log.warning("gpulayer: %s", note)
+        try:
+            return paths.lock_data_dir(data)
+        except paths.DataDirInUse as e:
+            if self.headless:  # nothing else to serve: exit, and `gpulayer up` says why
+                self.log.critical("gpulayer: %s", e)
+                raise SystemExit(f"gpulayer: {e}") from None
+            raise
 
     def initialize_handlers(self) -> None:
         """Mount the route tables under the API prefix."""
@@ -283,6 +303,7 @@ class GpulayerApp(ExtensionApp):
         if running is not None:
             await running.plane.store.close()
             self._state.running = None
+        self._data_lock.close()  # the next control plane on this data dir may start
 
 
 class _ToServerLog(logging.Handler):
@@ -350,6 +371,7 @@ def kept_owner(data_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run a headless control plane (``python -m jupyter_ext``)."""
+    GpulayerApp.headless = True
     GpulayerApp.launch_instance(argv)  # type: ignore[no-untyped-call]  # jupyter_server leaves it untyped
 
 

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -228,8 +228,14 @@ class LocalCluster:
     ) -> None:
         self.stop()
 
-    def start(self) -> Self:
+    def start(self, ready: Callable[[str], None] | None = None) -> Self:
         """Start the control plane and the local workers; returns once all are ready.
+
+        Parameters
+        ----------
+        ready
+            Called with ``"control plane"``, then ``"workers"``, as each is ready
+            (``gpulayer up`` draws its start-up progress with it).
 
         Raises
         ------
@@ -248,8 +254,12 @@ class LocalCluster:
             self._fingerprint = tls.fingerprint_of_file(self.certfile)
         try:
             self._start_control_plane()
+            if ready is not None:
+                ready("control plane")
             names = [self._add_worker() for _ in range(self.n_workers)]
             self.wait_for_workers(names)
+            if ready is not None and names:
+                ready("workers")
         except BaseException:
             self.stop()
             raise

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpulayer import contracts, errors
+from gpulayer import contracts, errors, paths
 from gpulayer.cli import output, pidfile
 from gpulayer.cli.options import bounded, examples
 from gpulayer.client import config
 from gpulayer.client.specs import key_value
+from gpulayer.notebook import progress
 
 if TYPE_CHECKING:
     from gpulayer.cli.cluster import LocalCluster
@@ -40,7 +41,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                     help="port (default: 8765, or a free one if taken)")  # fmt: skip
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                    help="default: $GPULAYER_DATA_DIR or ~/.local/share/gpulayer")  # fmt: skip
+                    help="default: $GPULAYER_DATA_DIR, else <Jupyter data dir>/gpulayer"
+                         " (~/.local/share/jupyter/gpulayer on Linux)")  # fmt: skip
     up.add_argument("--local-workers", type=bounded(int, 0), default=1, metavar="N",
                     help="workers started here (default 1, named local-1, ...)")  # fmt: skip
     up.add_argument("--simulated-gpus", metavar="SPEC",
@@ -109,11 +111,9 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
 
 
 def default_data_dir() -> Path:
-    """``$GPULAYER_DATA_DIR``, else ``$XDG_DATA_HOME/gpulayer`` (``~/.local/share/gpulayer``)."""
-    if os.environ.get("GPULAYER_DATA_DIR"):
-        return Path(os.environ["GPULAYER_DATA_DIR"]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base).expanduser() / "gpulayer"
+    """The one default data dir (:func:`gpulayer.paths.data_dir`): ``$GPULAYER_DATA_DIR``,
+    else ``<Jupyter data dir>/gpulayer``, the folder ``jupyter lab`` uses too."""
+    return paths.data_dir()
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -127,6 +127,8 @@ def _up(args: argparse.Namespace) -> int:
             f"gpulayer up is already running for {data_dir} (pid {running.pid}, {running.url});"
             " `gpulayer down` stops it"
         )
+    for note in paths.prepare_data_dir(data_dir):  # an older gpulayer's folder moves here
+        output.note(note)
     port = args.port if args.port is not None else preferred_port(args.host)
     cluster = LocalCluster(data_dir, port=port, host=args.host, workers=args.local_workers,
                            simulated_gpus=args.simulated_gpus, slots=args.slots,
@@ -142,7 +144,8 @@ def _up(args: argparse.Namespace) -> int:
                     f" worker(s) in {data_dir} ...")  # fmt: skip
         if args.local_workers and (as_you := _tasks_run_as_you(args.task_user)):
             output.note(as_you)
-        cluster.start()
+        steps = ["control plane"] + (["workers"] if args.local_workers else [])
+        cluster.start(ready=progress.steps(steps, "starting gpulayer"))
         try:
             pidfile.write(data_dir, cluster.url)  # for `gpulayer down` and `gpulayer status`
             _print_up(cluster, args, data_dir)

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
+from gpulayer import paths
 from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir
 
@@ -49,14 +50,19 @@ class ConnectionConfig(BaseModel):
 def config_path() -> Path:
     """The connection file.
 
-    ``$GPULAYER_CONFIG``, else ``$XDG_CONFIG_HOME/gpulayer/connection.json``
-    (``~/.config/gpulayer/connection.json``).
+    ``$GPULAYER_CONFIG``, else ``connection.json`` in the platform's config folder
+    (:func:`gpulayer.paths.config_dir`: ``$XDG_CONFIG_HOME/gpulayer``, i.e.
+    ``~/.config/gpulayer`` on Linux). A file an older gpulayer saved at
+    ``~/.config/gpulayer/connection.json`` on another platform is read until one is
+    saved at the new place.
     """
     explicit = os.environ.get("GPULAYER_CONFIG")
     if explicit:
         return Path(explicit).expanduser()
+    current = paths.config_dir() / "connection.json"
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base).expanduser() / "gpulayer" / "connection.json"
+    legacy = Path(base).expanduser() / "gpulayer" / "connection.json"
+    return legacy if not current.exists() and legacy.is_file() else current
 
 
 def load(path: Path | None = None) -> ConnectionConfig | None:

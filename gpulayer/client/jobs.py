@@ -247,6 +247,8 @@ def submit(
     connection
         Defaults to :func:`~gpulayer.client.default.current_connection`.
 
+    Notes
+    -----
     The options are those of :mod:`gpulayer.client.specs` (the ``Resources`` and
     ``JobSpec`` fields).
 

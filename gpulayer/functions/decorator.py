@@ -39,7 +39,7 @@ from gpulayer.client.default import current_connection
 from gpulayer.functions.calls import Call
 from gpulayer.functions.checks import check_python, slots
 from gpulayer.functions.mapping import MapRun
-from gpulayer.notebook.progress import Progress
+from gpulayer.notebook import progress as progress_display
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -203,6 +203,8 @@ class RemoteFunction(Generic[P, R]):
             Show progress: a widget in a notebook, a bar in a terminal (default:
             where one of them is available).
 
+        Notes
+        -----
         Stopping the iteration early (``break``, an exception, Ctrl-C, or closing
         the returned :class:`MapRun`) cancels the calls that have not finished.
         """
@@ -227,7 +229,7 @@ class RemoteFunction(Generic[P, R]):
             ordered=ordered,
             return_exceptions=return_exceptions,
             max_parallel=max_parallel,
-            progress=Progress.auto(len(items), self._name(), progress),
+            progress=progress_display.bar(len(items), self._name(), want=progress, unit="call"),
         )
 
     # ------------------------------------------------------------ building

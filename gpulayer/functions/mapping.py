@@ -11,7 +11,7 @@ from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
 from gpulayer.functions.tracebacks import exception, outcomes
-from gpulayer.notebook.progress import Progress
+from gpulayer.notebook.progress import Bar
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -48,7 +48,7 @@ class MapRun(Generic[R]):
         ordered: bool,
         return_exceptions: bool,
         max_parallel: int | None,
-        progress: Progress,
+        progress: Bar,
     ) -> None:
         self._fn = fn
         self._conn = conn

@@ -8,5 +8,6 @@ when a submodule is imported (by ``%load_ext gpulayer``, a display, a progress b
   them; the rich reprs of ``Job`` and ``Connection``
 * :mod:`~gpulayer.notebook.widgets`: ``JobMonitor``, ``WorkersTable``, ``JobsProgress``
 * :mod:`~gpulayer.notebook.charts`: training-metric charts as inline SVG
-* :mod:`~gpulayer.notebook.progress`: progress of many calls, widget or text bar
+* :mod:`~gpulayer.notebook.progress`: the one progress display (tqdm.auto): ``.map``,
+  start-up steps, transfer callbacks
 """

@@ -1,108 +1,40 @@
-"""Progress of many calls: a widget in a notebook, a one-line bar in a terminal.
+"""Progress for people, drawn by one library: ``tqdm.auto``.
 
-:meth:`Progress.auto` picks what fits where the code runs; elsewhere (a script
-whose output goes to a file, CI) it shows nothing unless asked.
+In a Jupyter kernel ``tqdm.auto`` draws an ipywidgets bar; in a terminal, one line
+rewritten in place. Every progress display of gpulayer comes from here:
+``RemoteFunction.map`` (:func:`bar`), the Trainer's
+:class:`~gpulayer.pytorch.ProgressBar`, ``gpulayer up`` starting (:func:`steps`)
+and transfers of bundles and artifacts (:func:`transfer`).
+
+Where nobody watches (a script whose output goes to a file, CI, a job's log) a bar
+shows nothing unless asked (``want=True``). tqdm is imported on first use, so
+importing this module stays light.
 """
 
+from __future__ import annotations
+
 import sys
-import time
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
 
 
-class Progress:
-    """Counts finished items out of ``total``; this base class shows nothing."""
+class Bar(Protocol):
+    """What callers use of a bar (a ``tqdm``): count, and close when done."""
 
-    def __init__(self, total: int, desc: str = "") -> None:
-        self.total = total
-        self.desc = desc
-        self.done = 0
-        self.closed = False
-
-    @classmethod
-    def auto(cls, total: int, desc: str, want: bool | None = None) -> "Progress":
-        """The progress display for here: ``want`` None decides by the environment,
-        False shows nothing, True shows a text bar where no widget can be shown."""
-        if want is False or total <= 0:
-            return cls(total, desc)
-        if in_notebook():
-            try:
-                return WidgetProgress(total, desc)
-            except ImportError:  # ipywidgets missing: fall back to text
-                pass
-        if want or sys.stderr.isatty():
-            return TextProgress(total, desc, sys.stderr)
-        return cls(total, desc)
-
-    def update(self, n: int = 1) -> None:
-        """``n`` more items finished."""
-        self.done = min(self.total, self.done + n)
-        self._show()
+    def update(self, n: int = 1) -> object:
+        """``n`` more items are done."""
+        ...
 
     def close(self) -> None:
-        """The run ended (or was stopped); final display."""
-        if not self.closed:
-            self.closed = True
-            self._finish()
-
-    def _show(self) -> None:
-        pass
-
-    def _finish(self) -> None:
-        pass
+        """The run ended (or was stopped): draw the last state."""
+        ...
 
 
-class TextProgress(Progress):
-    """``desc  37/100 [=======>            ]  12.3 s`` on one updating line."""
+#: A start-up's steps: ``starting gpulayer: 1/2 [00:03, control plane ready, waiting for workers]``.
+STEPS_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
-    _WIDTH = 30
-    _MIN_INTERVAL = 0.1
-
-    def __init__(self, total: int, desc: str, stream: TextIO) -> None:
-        super().__init__(total, desc)
-        self._stream = stream
-        self._start = time.monotonic()
-        self._last = 0.0
-        self._show(force=True)
-
-    def _show(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self._MIN_INTERVAL and self.done < self.total:
-            return
-        self._last = now
-        filled = int(self._WIDTH * self.done / max(1, self.total))
-        bar = (
-            "=" * filled + (">" if filled < self._WIDTH else "") + " " * (self._WIDTH - filled - 1)
-        )
-        elapsed = now - self._start
-        self._stream.write(f"\r{self.desc}  {self.done}/{self.total} [{bar}] {elapsed:6.1f} s")
-        self._stream.flush()
-
-    def _finish(self) -> None:
-        self._show(force=True)
-        self._stream.write("\n")
-        self._stream.flush()
-
-
-class WidgetProgress(Progress):
-    """An ipywidgets progress bar with a ``done/total`` label."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        import ipywidgets as w
-        from IPython.display import display
-
-        super().__init__(total, desc)
-        self.bar = w.IntProgress(value=0, min=0, max=total, description=desc[:20])
-        self.label = w.Label(f"0/{total}")
-        self.box: Any = w.HBox([self.bar, self.label])
-        display(self.box)
-
-    def _show(self) -> None:
-        self.bar.value = self.done
-        self.label.value = f"{self.done}/{self.total}"
-
-    def _finish(self) -> None:
-        self._show()
-        self.bar.bar_style = "success" if self.done >= self.total else "warning"
+#: What a transfer reports: bytes moved so far, and the total when it is known.
+TransferCallback = Callable[[int, int | None], None]
 
 
 def in_notebook() -> bool:
@@ -112,3 +44,77 @@ def in_notebook() -> bool:
         return False
     shell = ipython.get_ipython()
     return shell is not None and hasattr(shell, "kernel")
+
+
+def wanted(want: bool | None, stream: TextIO | None = None) -> bool:
+    """Whether to show progress: ``want`` when given, else in a notebook or when
+    ``stream`` (default ``sys.stderr``) is a terminal."""
+    if want is not None:
+        return want
+    if in_notebook():
+        return True
+    isatty = getattr(stream or sys.stderr, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+def bar(
+    total: int | float | None,
+    desc: str = "",
+    *,
+    want: bool | None = None,
+    stream: TextIO | None = None,
+    **options: Any,
+) -> Any:
+    """A ``tqdm.auto`` bar counting to ``total``: a widget in a notebook, a line in a
+    terminal (on ``stream``, default ``sys.stderr``), nothing where :func:`wanted`
+    says no or when ``total`` is 0. ``options`` go to tqdm (``unit``, ``unit_scale``,
+    ``leave``, ``postfix``, ...). A disabled bar takes ``update`` and ``close`` and
+    draws nothing."""
+    from tqdm.auto import tqdm
+
+    show = wanted(want, stream) and total != 0
+    return tqdm(total=total, desc=desc, file=stream or sys.stderr, disable=not show, **options)
+
+
+def steps(names: list[str], desc: str, *, want: bool | None = None) -> Callable[[str], None]:
+    """A bar over the named steps of a start-up: call the answer with each step's name
+    as it completes (``"control plane"``, ``"worker local-1"``); it closes after the last."""
+    progress = bar(len(names), desc, want=want, leave=False, bar_format=STEPS_FORMAT)
+    progress.set_postfix_str(f"waiting for {names[0]}" if names else "")
+    left = list(names)
+
+    def done(name: str) -> None:
+        if name in left:
+            left.remove(name)
+            progress.update(1)
+            progress.set_postfix_str(f"{name} ready" + (f", waiting for {left[0]}" if left else ""))
+        if not left:
+            progress.close()
+
+    return done
+
+
+def transfer(desc: str, total: int | None = None, *, want: bool | None = None) -> TransferCallback:
+    """A progress callback for a streamed upload or download: call it with the bytes
+    moved so far and the total (when known); it draws a bytes bar (KiB, MiB, rate) and
+    closes itself when ``done == total``. For a transfer module's ``progress=``."""
+    progress = bar(total, desc, want=want, unit="B", unit_scale=True, unit_divisor=1024)
+
+    def report(done: int, size: int | None = None) -> None:
+        if size is not None and progress.total != size:
+            progress.total = size
+        progress.update(done - progress.n)
+        if size is not None and done >= size:
+            progress.close()
+
+    return report
+
+
+class Progress:
+    """Kept for code that names it: ``Progress.auto(total, desc, want)`` is :func:`bar`."""
+
+    @staticmethod
+    def auto(total: int, desc: str, want: bool | None = None) -> Bar:
+        """The progress bar for here (see :func:`bar`)."""
+        shown: Bar = bar(total, desc, want=want)
+        return shown

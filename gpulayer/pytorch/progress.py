@@ -1,15 +1,16 @@
-"""Training progress for people: a widget in notebooks, one line in terminals, lines in logs.
+"""Training progress for people, drawn by tqdm (:mod:`gpulayer.notebook.progress`).
 
 :class:`ProgressBar` picks how to show itself:
 
 ``"notebook"``
-    in a Jupyter kernel with ipywidgets: a progress bar and a label, updated in
-    place.
+    in a Jupyter kernel with ipywidgets: tqdm's widget bar, one for the whole fit,
+    reset at each epoch.
 ``"terminal"``
-    when the stream is a TTY: one line rewritten with ``\\r``.
+    when the stream is a TTY: tqdm's line, rewritten in place; each epoch's last
+    state stays on a line of its own.
 ``"log"``
-    otherwise (a gpulayer job's output, a CI log): a plain line every
-    ``log_every_seconds`` and at the end of each epoch.
+    otherwise (a gpulayer job's output, a CI log): tqdm's text as a plain line every
+    ``log_every_seconds`` and at the end of each epoch, never a ``\\r``.
 
 It runs on the main rank only, redraws at most every ``refresh_seconds`` and
 shows only metrics already read at log points (``prog_bar=True``), so it never
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from gpulayer.pytorch.trainer import Trainer
 
 Mode = Literal["auto", "notebook", "terminal", "log"]
+#: A ``"log"`` line: ``epoch 3/30: 64/64 [00:01<00:00, 410.32it/s, step 192, train/loss 0.0102]``.
+TEXT_FORMAT = "{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 
 
 def _in_kernel() -> bool:
@@ -44,6 +47,16 @@ def detect_mode(stream: TextIO) -> Literal["notebook", "terminal", "log"]:
         return "notebook"
     isatty = getattr(stream, "isatty", None)
     return "terminal" if isatty is not None and isatty() else "log"
+
+
+class _Discard:
+    """Where a ``"log"`` bar draws: nowhere (its text is written as whole lines)."""
+
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
 
 class ProgressBar(Callback):
@@ -74,10 +87,8 @@ class ProgressBar(Callback):
         self.stream = stream
         self._active = False
         self._display: Literal["notebook", "terminal", "log"] = "log"
-        self._widget: Any = None
+        self._bar: Any = None
         self._next_draw = 0.0
-        self._epoch_t0 = 0.0
-        self._epoch_batches = 0
 
     def setup(self, trainer: "Trainer", module: "Module", stage: str) -> None:
         """Choose the display for a ``fit`` on the main rank."""
@@ -86,80 +97,82 @@ class ProgressBar(Callback):
         if self._active:
             stream = self.stream or sys.stdout
             self._display = detect_mode(stream) if self.mode == "auto" else self.mode
-            self._widget = None
+            self._bar = None
 
     def on_train_epoch_start(self, trainer: "Trainer", module: "Module") -> None:
-        """Restart the speed measurement."""
-        self._epoch_t0 = time.monotonic()
-        self._epoch_batches = 0
-        self._next_draw = self._epoch_t0 + (
+        """A bar for the epoch (the notebook's one bar, reset)."""
+        if not self._active:
+            return
+        total = trainer.num_training_batches
+        if self._bar is None:
+            self._bar = self._new_bar(total)
+        else:
+            self._bar.reset(total=total)
+        self._bar.set_description_str(self._epoch(trainer), refresh=False)
+        self._next_draw = time.monotonic() + (
             self.log_every_seconds if self._display == "log" else 0.0
         )
 
     def on_train_batch_end(
         self, trainer: "Trainer", module: "Module", outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Redraw when it is time (a clock read otherwise)."""
-        self._epoch_batches += 1
-        if not self._active:
+        """Count the batch; redraw when it is time (a clock read otherwise)."""
+        if not self._active or self._bar is None:
             return
+        self._bar.update(batch_idx + 1 - self._bar.n)  # after a resume it starts mid-epoch
         now = time.monotonic()
         if now < self._next_draw:
             return
         pause = self.log_every_seconds if self._display == "log" else self.refresh_seconds
         self._next_draw = now + pause
-        self._draw(trainer, now, final=False)
+        self._draw(trainer)
 
     def on_train_epoch_end(self, trainer: "Trainer", module: "Module") -> None:
         """Draw the epoch's final state (a line of its own in terminal and log modes)."""
-        if self._active:
-            self._draw(trainer, time.monotonic(), final=True)
+        if not self._active or self._bar is None:
+            return
+        self._draw(trainer)
+        if self._display == "terminal":
+            self._bar.close()
+            self._bar = None
 
     def teardown(self, trainer: "Trainer", module: "Module", stage: str) -> None:
-        """Finish the display."""
-        if self._active and self._widget is not None:
-            self._widget.children[0].bar_style = "success"
+        """Finish the display: the fit is over, so a stopped epoch is no failure."""
+        if self._bar is not None:
+            self._bar.total = self._bar.n  # tqdm's widget turns green, not red
+            self._bar.close()
+            self._bar = None
         self._active = False
 
-    def describe(self, trainer: "Trainer", now: float) -> str:
-        """The text shown: epoch, batch, step, speed and metrics."""
-        epoch = f"epoch {trainer.current_epoch + 1}"
-        if trainer.max_epochs is not None:
-            epoch += f"/{trainer.max_epochs}"
-        total = trainer.num_training_batches
-        batch = (
-            f"{trainer.batches_done}/{total}" if total is not None else f"{trainer.batches_done}"
-        )
-        elapsed = now - self._epoch_t0
-        speed = f"{self._epoch_batches / elapsed:.1f} it/s" if elapsed > 0 else "- it/s"
-        parts = [epoch, f"batch {batch}", f"step {trainer.global_step}", speed]
-        parts += [f"{k} {_fmt(v)}" for k, v in sorted(trainer.progress_bar_metrics.items())]
-        return " | ".join(parts)
+    def describe(self, trainer: "Trainer") -> str:
+        """The text shown now: epoch, batches, time, speed, step and metrics."""
+        return str(self._bar) if self._bar is not None else self._epoch(trainer)
 
-    def _draw(self, trainer: "Trainer", now: float, final: bool) -> None:
-        text = self.describe(trainer, now)
+    def _new_bar(self, total: int | None) -> Any:
+        options: dict[str, Any] = {"total": total, "leave": True, "dynamic_ncols": True}
         if self._display == "notebook":
-            self._draw_widget(trainer, text)
-            return
-        stream = self.stream or sys.stdout
+            from tqdm.notebook import tqdm as notebook_tqdm
+
+            return notebook_tqdm(**options)
+        from tqdm import tqdm
+
         if self._display == "terminal":
-            stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
-        else:
-            stream.write(text + "\n")
-        stream.flush()
+            return tqdm(file=self.stream or sys.stdout, mininterval=self.refresh_seconds, **options)
+        return tqdm(file=_Discard(), ascii=True, bar_format=TEXT_FORMAT, mininterval=1e9, **options)
 
-    def _draw_widget(self, trainer: "Trainer", text: str) -> None:
-        import ipywidgets as widgets
-        from IPython.display import display
+    def _draw(self, trainer: "Trainer") -> None:
+        parts = [f"step {trainer.global_step}"]
+        parts += [f"{k} {_fmt(v)}" for k, v in sorted(trainer.progress_bar_metrics.items())]
+        self._bar.set_postfix_str(", ".join(parts), refresh=self._display != "log")
+        if self._display == "log":
+            stream = self.stream or sys.stdout
+            stream.write(str(self._bar) + "\n")
+            stream.flush()
 
-        if self._widget is None:
-            bar = widgets.IntProgress(min=0, max=1, description="fit")
-            self._widget = widgets.HBox([bar, widgets.Label()])
-            display(self._widget)  # type: ignore[no-untyped-call]  # IPython's display is unannotated
-        bar, label = self._widget.children
-        bar.max = max(1, trainer.num_training_batches or trainer.batches_done or 1)
-        bar.value = min(trainer.batches_done, bar.max)
-        label.value = text
+    @staticmethod
+    def _epoch(trainer: "Trainer") -> str:
+        epoch = f"epoch {trainer.current_epoch + 1}"
+        return epoch + (f"/{trainer.max_epochs}" if trainer.max_epochs is not None else "")
 
 
 def _fmt(value: float) -> str:

@@ -61,7 +61,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       openJob: id => void app.commands.execute(CommandIDs.openJob, { id })
     });
     sidebar.title.icon = runningIcon;
-    sidebar.title.caption = 'gpulayer: workers and jobs';
+    sidebar.title.caption = 'GPU layer: workers and jobs';
     app.shell.add(sidebar, 'left', { rank: 300 });
     restorer?.add(sidebar, 'gpulayer-sidebar');
 

@@ -90,7 +90,7 @@ def test_a_malformed_option_names_its_field() -> None:
         ("gpulayer.cluster", ["LocalCluster", "free_port", "log_tail"]),
         ("gpulayer.magics", ["GpulayerMagics", "load", "Renderer"]),
         ("gpulayer.widgets", ["JobMonitor", "WorkersTable", "JobsProgress", "svg_chart"]),
-        ("gpulayer.progress", ["Progress", "TextProgress"]),
+        ("gpulayer.progress", ["Progress", "bar"]),
         ("gpulayer.token_cli", ["add_parsers"]),
         ("gpulayer.demo", ["main"]),
         ("gpulayer.client", ["Connection", "Job", "submit", "connect", "LONG_POLL_SECONDS"]),

@@ -1,0 +1,87 @@
+"""`gpulayer up` as a person starts it, in a terminal: start-up progress, the one
+default data dir, and an older gpulayer's data moved into it."""
+
+import fcntl
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulayer.cli.cluster import LocalCluster
+from gpulayer.cli.processes import free_port
+from gpulayer.errors import GpulayerError
+
+from .conftest import FAST
+
+
+def read_until(fd: int, marker: str, timeout: float) -> str:
+    """What the terminal shows until ``marker`` appears (or the deadline, or EOF)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker.encode() not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def test_up_in_a_terminal_shows_start_up_and_moves_old_data(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    legacy = home / ".local" / "share" / "gpulayer"
+    legacy.mkdir(parents=True)
+    (legacy / "notes.txt").write_text("kept from an older gpulayer\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPULAYER_", "XDG_", "JUPYTER_"))}  # fmt: skip
+    env.update(HOME=str(home), GPULAYER_CONFIG=str(tmp_path / "connection.json"))
+    primary, secondary = pty.openpty()
+    # A terminal 120 columns wide (a new pty has no size, and tqdm would draw nothing).
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulayer", "up", "--port", str(free_port()),
+         "--local-workers", "1", "--no-save-config"],
+        stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(secondary)
+    try:
+        shown = read_until(primary, "gpulayer is up", timeout=120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(primary)
+    data = home / ".local" / "share" / "jupyter" / "gpulayer"
+    assert "gpulayer is up" in shown, shown
+    assert f"moved the gpulayer data from {legacy} to {data}" in shown
+    assert "starting gpulayer: 0/2" in shown  # drawn at once, before anything is ready
+    assert "control plane ready, waiting for workers" in shown
+    # The one default data dir holds the old data and the new control plane's files.
+    assert (data / "notes.txt").read_text() == "kept from an older gpulayer\n"
+    assert (data / "admin.token").is_file() and (data / "gpulayer.db").is_file()
+    assert legacy.is_symlink() and (data.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_second_control_plane_on_the_same_data_dir_stops_at_once(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, workers=0, **FAST):
+        second = LocalCluster(tmp_path, workers=0, **FAST)
+        started = time.monotonic()
+        with pytest.raises(GpulayerError, match="another gpulayer control plane") as info:
+            second.start()
+        assert time.monotonic() - started < 50  # not the 60 s start-up deadline
+        assert "--data-dir" in str(info.value)
