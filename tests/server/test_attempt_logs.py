@@ -2,41 +2,21 @@
 lines leave (on the services with an injected clock; tests/integration/
 test_attempts.py runs the same with real workers)."""
 
-import contextlib
+import functools
 from datetime import UTC, datetime
 
 import pytest
 
 from gpulayer.contracts import Heartbeat, JobSpec, LogBatch, LogEntry, WorkerRegistration
-from jupyter_ext.artifacts import BlobStore
-from jupyter_ext.auth import Principal, TokenService
+from jupyter_ext.auth import Principal
 from jupyter_ext.control_plane import ControlPlane
-from jupyter_ext.store import Store
-from jupyter_ext.streams import Notifier
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .planes import Clock, plane_on
 
 
 @pytest.fixture
 def plane(tmp_path):
-    @contextlib.asynccontextmanager
-    async def make():
-        clock = Clock()
-        store = await Store(tmp_path / "gl.db").open()
-        try:
-            yield ControlPlane(store, BlobStore(tmp_path / "blobs"), Notifier(),
-                               TokenService(store, clock), heartbeat_seconds=1.0,
-                               lease_seconds=10.0, clock=clock), clock  # fmt: skip
-        finally:
-            await store.close()
-
-    return make
+    return functools.partial(plane_on, tmp_path, heartbeat_seconds=1.0, lease_seconds=10.0)
 
 
 def reg(name: str) -> WorkerRegistration:

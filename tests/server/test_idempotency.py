@@ -1,17 +1,14 @@
 """Idempotent submits (docs/adr/0085): ``Idempotency-Key`` through the real server and
 store; expiry and pruning on the service with an injected clock."""
 
-import contextlib
+import functools
 
 import pytest
 
 from gpulayer.contracts import JobSpec
 from gpulayer.errors import Conflict
-from jupyter_ext.artifacts import BlobStore
-from jupyter_ext.auth import TokenService
-from jupyter_ext.control_plane import ControlPlane
-from jupyter_ext.store import Store
-from jupyter_ext.streams import Notifier
+
+from .planes import plane_on
 
 JOB = {"command": ["python", "-c", "print('once')"], "name": "once"}
 OTHER = {"command": ["python", "-c", "print('twice')"], "name": "other"}
@@ -97,27 +94,9 @@ async def test_a_malformed_key_is_a_400_and_stores_nothing(gl_api, bad):
 # ------------------------------------------------- expiry, on the service itself
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def plane(tmp_path):
-    @contextlib.asynccontextmanager
-    async def make(**kw):
-        clock = Clock()
-        store = await Store(tmp_path / "gl.db").open()
-        try:
-            yield ControlPlane(store, BlobStore(tmp_path / "blobs"), Notifier(),
-                               TokenService(store, clock), clock=clock, **kw), clock  # fmt: skip
-        finally:
-            await store.close()
-
-    return make
+    return functools.partial(plane_on, tmp_path)
 
 
 async def test_a_key_expires_after_idempotency_seconds_and_is_pruned(plane):

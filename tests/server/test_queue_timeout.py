@@ -2,41 +2,19 @@
 waited (a real SQLite file, an injected clock, the real sweep)."""
 
 import asyncio
-import contextlib
+import functools
 
 import pytest
 
 from gpulayer.contracts import JobSpec, JobState, WorkerRegistration
-from jupyter_ext.artifacts import BlobStore
-from jupyter_ext.auth import Principal, TokenService
-from jupyter_ext.control_plane import ControlPlane
-from jupyter_ext.store import Store
-from jupyter_ext.streams import Notifier
+from jupyter_ext.auth import Principal
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .planes import plane_on
 
 
 @pytest.fixture
 def plane(tmp_path):
-    @contextlib.asynccontextmanager
-    async def make():
-        clock = Clock()
-        store = await Store(tmp_path / "gl.db").open()
-        try:
-            yield ControlPlane(
-                store, BlobStore(tmp_path / "blobs"), Notifier(), TokenService(store, clock),
-                heartbeat_seconds=1000.0, lease_seconds=10_000.0, clock=clock,
-            ), clock  # fmt: skip
-        finally:
-            await store.close()
-
-    return make
+    return functools.partial(plane_on, tmp_path, heartbeat_seconds=1000.0, lease_seconds=10_000.0)
 
 
 def reg(name: str, gpus: int = 0, slots: int = 2) -> WorkerRegistration:

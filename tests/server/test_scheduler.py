@@ -1,7 +1,7 @@
 """The scheduler on a real SQLite file with an injected clock (no HTTP, no sleeps)."""
 
 import asyncio
-import contextlib
+import functools
 from datetime import UTC, datetime
 
 import pytest
@@ -21,39 +21,12 @@ from jupyter_ext.control_plane import ControlPlane
 from jupyter_ext.store import SCHEMA_VERSION, Store
 from jupyter_ext.streams import Notifier
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .planes import Clock, plane_on
 
 
 @pytest.fixture
 def world(tmp_path):
-    @contextlib.asynccontextmanager
-    async def make(**kw):
-        clock = Clock()
-        store = await Store(tmp_path / "gl.db").open()
-        try:
-            yield (
-                ControlPlane(
-                    store,
-                    BlobStore(tmp_path / "blobs"),
-                    Notifier(),
-                    TokenService(store, clock),
-                    heartbeat_seconds=1.0,
-                    lease_seconds=10.0,
-                    clock=clock,
-                    **kw,
-                ),
-                clock,
-            )
-        finally:
-            await store.close()
-
-    return make
+    return functools.partial(plane_on, tmp_path, heartbeat_seconds=1.0, lease_seconds=10.0)
 
 
 def reg(name, gpus=0, slots=2):
