@@ -7,35 +7,16 @@ takes group and other bits off anything an older version or a loose umask left
 behind. Folders made later go through :func:`private_dir`; files are created
 0600 where they are written (``os.open(..., 0o600)``, ``mkstemp``).
 
-``gpulayer/private.py`` holds the same few lines for the client and the worker
-(the control plane imports nothing of theirs).
+The folder rules themselves are ``gpulayer/private.py``'s, shared with the client
+and the worker (a stdlib-only module, like ``gpulayer/paths.py``: ADR 0095).
 """
 
 import os
 import stat
-from pathlib import Path
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+from gpulayer.private import DIR_MODE, FILE_MODE, private_dir
 
-
-def private_dir(path: str | os.PathLike[str]) -> Path:
-    """Make ``path`` (and missing parents) 0700, tightening an existing one."""
-    path = Path(path).absolute()
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for p in reversed(missing):
-        try:
-            p.mkdir(mode=DIR_MODE)
-        except FileExistsError:  # made meanwhile
-            continue
-        p.chmod(DIR_MODE)  # mkdir's mode passes through the umask
-    # Ours, not a folder (or a link) someone made in advance, e.g. in /tmp.
-    st, link = path.stat(), path.lstat()
-    me = os.geteuid()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or link.st_uid != me:
-        raise PermissionError(f"{path} is not this user's folder: its files would not be private")
-    path.chmod(DIR_MODE)
-    return path
+__all__ = ["DIR_MODE", "FILE_MODE", "private_dir", "secure"]
 
 
 def secure(root: str | os.PathLike[str]) -> int:
