@@ -3,6 +3,7 @@
 import React from 'react';
 
 import { IJob, JOB_STATES, JobState } from '../contracts';
+import { jobTitle, waitNote } from '../job-text';
 import { ClusterModel, elapsedSeconds, formatDuration, isTerminal } from '../model';
 import { useTick } from './use-changed';
 
@@ -14,22 +15,38 @@ function JobRow(props: {
 }) {
   const j = props.job;
   const where = j.worker_name ? ` on ${j.worker_name}` : '';
+  const note = waitNote(j);
+  const never = note?.kind === 'unsatisfiable';
+  const title = jobTitle(j);
   return (
-    <li className="gpulayer-job" data-job-id={j.id} data-state={j.state}>
+    <li
+      className="gpulayer-job"
+      data-job-id={j.id}
+      data-state={j.state}
+      data-unsatisfiable={String(never)}
+    >
       <button
         className="gpulayer-job-open"
-        title={`Open job ${j.id}`}
+        title={`Open job ${j.id}: ${title}`}
         onClick={() => props.onOpen(j.id)}
       >
-        <span className="gpulayer-job-name">{j.spec.name ?? j.id}</span>
-        <span className={`gpulayer-state gpulayer-state-${j.state}`}>{j.state}</span>
+        <span className="gpulayer-job-name">{title}</span>
+        <span className={`gpulayer-state gpulayer-state-${never ? 'unsatisfiable' : j.state}`}>
+          {never ? 'unsatisfiable' : j.state}
+        </span>
       </button>
       <div className="gpulayer-job-meta">
-        {j.owner}
-        {where} · {formatDuration(elapsedSeconds(j, props.now))}
-        {j.spec.resources.gpus > 0 && ` · ${j.spec.resources.gpus} GPU`}
+        <span className="gpulayer-job-owner" title={j.owner}>
+          {j.owner}
+        </span>
+        <span className="gpulayer-job-facts">
+          {where} · {formatDuration(elapsedSeconds(j, props.now))}
+          {j.spec.resources.gpus > 0 && ` · ${j.spec.resources.gpus} GPU`}
+        </span>
       </div>
-      {j.state === 'queued' && j.reason && <div className="gpulayer-job-reason">{j.reason}</div>}
+      {note && (
+        <div className={`gpulayer-job-reason gpulayer-mod-${note.kind}`}>{note.text}</div>
+      )}
       {!isTerminal(j.state) && (
         <button className="gpulayer-cancel jp-mod-styled" onClick={() => props.onCancel(j.id)}>
           Cancel
@@ -70,11 +87,12 @@ export function JobList(props: {
           <select
             className="gpulayer-filter-owner"
             value={filter.owner ?? ''}
+            title={filter.owner ?? 'anyone'}
             onChange={e => void model.setFilter({ owner: e.target.value || null })}
           >
             <option value="">anyone</option>
             {model.owners.map(o => (
-              <option key={o} value={o}>
+              <option key={o} value={o} title={o}>
                 {o}
               </option>
             ))}
