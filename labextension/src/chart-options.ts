@@ -49,7 +49,7 @@ export function chartOptions(data: ISeriesSet, shape: IChartShape): uPlot.Option
       scale: unit,
       side: i === 0 ? 3 : 1,
       size: 50,
-      label: shape.log ? `${unit} (log)`.trim() : unit,
+      label: shape.log ? (unit ? `${unit}, log` : 'log') : unit,
       grid: { show: i === 0 }
     })
   );

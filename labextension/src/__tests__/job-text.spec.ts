@@ -110,7 +110,7 @@ describe('training chart scale', () => {
     const data = losses([1, 0.01, 0, null]);
     const log = chartOptions(data, { width: 400, time: false, log: true });
     expect(log.scales?.['']).toEqual({ distr: 3, log: 10 });
-    expect(log.axes?.[1].label).toBe('(log)');
+    expect(log.axes?.[1].label).toBe('log');
     expect(alignedData(data, true)).toEqual([[0, 1, 2, 3], [1, 0.01, null, null]]);
     const linear = chartOptions(data, { width: 400, time: false, log: false });
     expect(linear.scales?.['']).toEqual({});

@@ -14,7 +14,13 @@ function JobRow(props: {
   onCancel: (id: string) => void;
 }) {
   const j = props.job;
-  const where = j.worker_name ? ` on ${j.worker_name}` : '';
+  const gpus = j.spec.resources.gpus;
+  // a leading space would be dropped at the start of a flex item: a no-break space is not
+  const facts = [
+    j.worker_name ? `\u00a0on ${j.worker_name}` : '',
+    `\u00a0· ${formatDuration(elapsedSeconds(j, props.now))}`,
+    gpus > 0 ? `\u00a0· ${gpus} GPU` : ''
+  ].join('');
   const note = waitNote(j);
   const never = note?.kind === 'unsatisfiable';
   const title = jobTitle(j);
@@ -39,10 +45,7 @@ function JobRow(props: {
         <span className="gpulayer-job-owner" title={j.owner}>
           {j.owner}
         </span>
-        <span className="gpulayer-job-facts">
-          {where} · {formatDuration(elapsedSeconds(j, props.now))}
-          {j.spec.resources.gpus > 0 && ` · ${j.spec.resources.gpus} GPU`}
-        </span>
+        <span className="gpulayer-job-facts">{facts}</span>
       </div>
       {note && (
         <div className={`gpulayer-job-reason gpulayer-mod-${note.kind}`}>{note.text}</div>
@@ -67,7 +70,7 @@ export function JobList(props: {
   return (
     <div className="gpulayer-jobs">
       <div className="gpulayer-filters">
-        <label>
+        <label className="gpulayer-filter-state-label">
           state{' '}
           <select
             className="gpulayer-filter-state"
@@ -82,7 +85,7 @@ export function JobList(props: {
             ))}
           </select>
         </label>
-        <label>
+        <label className="gpulayer-filter-owner-label">
           owner{' '}
           <select
             className="gpulayer-filter-owner"

@@ -32,11 +32,14 @@ function JobDetails(props: { model: JobModel; follower: LogFollower }) {
   const task = job.tasks[job.tasks.length - 1];
   const gpus = task?.gpu_indices.length ? ` (GPUs ${task.gpu_indices.join(', ')})` : '';
   const note = waitNote(job);
+  const never = note?.kind === 'unsatisfiable';
   return (
     <div className="gpulayer-job-view-body" data-job-id={job.id} data-state={job.state}>
       <div className="gpulayer-job-view-head">
         <h2 title={`job ${job.id}`}>{jobTitle(job)}</h2>
-        <span className={`gpulayer-state gpulayer-state-${job.state}`}>{job.state}</span>
+        <span className={`gpulayer-state gpulayer-state-${never ? 'unsatisfiable' : job.state}`}>
+          {never ? 'unsatisfiable' : job.state}
+        </span>
         {!isTerminal(job.state) && (
           <button
             className="gpulayer-cancel jp-mod-styled jp-mod-warn"
