@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Self, Unpack, overload
 
 from gpulayer import contracts, errors, transfer
-from gpulayer.client import specs
+from gpulayer.client import pending, specs
 from gpulayer.client.connection import Connection
 from gpulayer.client.default import current_connection
 from gpulayer.client.logs import stored_lines, with_attempt_marks
@@ -78,14 +78,18 @@ class Job:
         raise_on_failure
             Raise :class:`~gpulayer.errors.JobFailed` unless the job succeeded.
 
+        While the job is queued, why it waits is said on stderr (``[gpulayer] job
+        ID cannot start: ...`` at once when no worker could ever run it, else after
+        about two seconds, and again when the reason changes).
+
         Raises
         ------
         TimeoutError
-            If the job has not ended within ``timeout``.
+            If the job has not ended within ``timeout`` (the message says why).
         JobFailed
             With ``raise_on_failure``, when it failed, timed out, was lost or cancelled.
         """
-        self.info = self.connection.wait(self.id, timeout)
+        self.info = pending.wait_explained(self.connection, self.info, timeout)
         if raise_on_failure and self.info.state != contracts.JobState.succeeded:
             raise self.failure()
         return self
