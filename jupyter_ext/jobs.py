@@ -267,11 +267,17 @@ class Jobs:
         owner: str | None = None,
         viewer: Principal | None = None,
     ) -> list[Job]:
-        """Jobs newest first (only ``owner``'s when given; a submitter's own always)."""
+        """Jobs newest first (only ``owner``'s when given; a submitter's own always); a
+        queued job no registered worker could ever run is flagged ``unsatisfiable``."""
         owner = access.listed_owner(viewer, owner)
         rows = await self._core.store.list_jobs(state, limit, owner)
         names = await self._core.fleet.all_names()
-        return [r.model([], names, self._core.spec(r)) for r in rows]
+        never = await self._placer.never_placeable(rows)
+        jobs = [r.model([], names, self._core.spec(r)) for r in rows]
+        for job in jobs:
+            if job.id in never:  # said in the list too, not only in the job's own answer
+                job.reason, job.unsatisfiable = never[job.id], True
+        return jobs
 
     async def active_count(self) -> int:
         """How many jobs have not ended (queued, scheduled or running)."""

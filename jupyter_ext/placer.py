@@ -170,6 +170,23 @@ class Placer:
         jobs = "job" if ahead == 1 else "jobs"
         return report, f"behind {ahead} queued {jobs} (higher priority or older)"
 
+    async def never_placeable(self, jobs: list[JobRecord]) -> dict[str, str]:
+        """Of ``jobs``, the queued ones no registered worker could ever run, each with
+        why: the job list flags them as ``GET jobs/{id}`` does (one read of the fleet;
+        what workers use now does not matter to *ever*)."""
+        queued = [j for j in jobs if j.state == JobState.queued]
+        if not queued:
+            return {}
+        views = await self._core.fleet.views()
+        never = {}
+        for job in queued:
+            spec = self._core.spec(job)
+            report = waiting_report(spec.resources, job.id, JobState.queued, views, {})
+            report = gangs.waiting(report, spec)
+            if not report.satisfiable:
+                never[job.id] = report.summary
+        return never
+
     async def why_waiting(self, job: JobRecord) -> str:
         """Why a queued job waits, in one line for its owner (the reason a job that
         ran out of queue time ends with): the per-worker reasons, naming only the

@@ -10,8 +10,9 @@ import pydantic
 from gpulayer import contracts, errors
 from gpulayer.cli import output
 from gpulayer.cli.logs import RAW_HELP, follow
-from gpulayer.cli.options import bounded, connect, examples, output_options
+from gpulayer.cli.options import bounded, connect, examples, output_options, progress_options
 from gpulayer.client import pending, specs, submit
+from gpulayer.notebook.progress import transfer_progress
 
 #: ``gpulayer submit``'s options: every resource, job and gang option.
 SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
@@ -20,8 +21,8 @@ _FLAGS = {"labels": "--label"}
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     """Add the job commands to the ``gpulayer`` parser."""
-    out = output_options()
-    s = sub.add_parser("submit", parents=[conn, out], help="submit a command",
+    out, bar = output_options(), progress_options()
+    s = sub.add_parser("submit", parents=[conn, out, bar], help="submit a command",
                        usage="gpulayer submit [options] -- CMD [ARG ...]",
                        epilog=_SUBMIT_EXAMPLES)  # fmt: skip
     for name in SUBMIT_OPTIONS:
@@ -85,7 +86,7 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     gc.set_defaults(func=_gc)
 
     arts = sub.add_parser(
-        "artifacts", parents=[conn, out], help="list or download artifacts",
+        "artifacts", parents=[conn, out, bar], help="list or download artifacts",
         epilog=examples("gpulayer artifacts 3f2a9c81d0e4",
                         "gpulayer artifacts 3f2a9c81d0e4 --download results/"),
     )  # fmt: skip
@@ -123,6 +124,7 @@ def _submit(args: argparse.Namespace) -> int:
             args.shell if args.shell else args.command,
             workdir=args.workdir,
             connection=conn,
+            progress=args.progress,
             **specs.given(args, SUBMIT_OPTIONS),
         )
         if args.output == "json" and not args.follow:
@@ -238,7 +240,10 @@ def _explain(args: argparse.Namespace) -> int:
 def _artifacts(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         if args.download is not None:
-            for path in conn.download(args.job_id, args.download):
+            desc = f"downloading job {args.job_id}'s artifacts"
+            with transfer_progress(args.progress, desc) as shown:
+                paths = conn.download(args.job_id, args.download, progress=shown)
+            for path in paths:
                 output.say(str(path))
             return 0
         arts = conn.artifacts(args.job_id)

@@ -59,6 +59,19 @@ def output_options() -> argparse.ArgumentParser:
     return out
 
 
+def progress_options() -> argparse.ArgumentParser:
+    """The parent parser of ``--progress`` / ``--no-progress``: a bar of the bytes a
+    command moves, on stderr; by default only when stderr is a terminal."""
+    bar = Parser(add_help=False)
+    bar.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a transfer bar on stderr (default: when stderr is a terminal)",
+    )
+    return bar
+
+
 def examples(*lines: str) -> str:
     """An ``examples:`` epilog for a command's ``--help``."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, Unpack, overload
 
 from gpulayer import contracts, errors, transfer
-from gpulayer.client import specs
+from gpulayer.client import pending, specs
 from gpulayer.client.connection import Connection
 from gpulayer.client.default import current_connection
 from gpulayer.client.logs import stored_lines, with_attempt_marks
+from gpulayer.notebook.progress import ProgressOption, transfer_progress
 
 
 class Job:
@@ -76,14 +78,18 @@ class Job:
         raise_on_failure
             Raise :class:`~gpulayer.errors.JobFailed` unless the job succeeded.
 
+        While the job is queued, why it waits is said on stderr (``[gpulayer] job
+        ID cannot start: ...`` at once when no worker could ever run it, else after
+        about two seconds, and again when the reason changes).
+
         Raises
         ------
         TimeoutError
-            If the job has not ended within ``timeout``.
+            If the job has not ended within ``timeout`` (the message says why).
         JobFailed
             With ``raise_on_failure``, when it failed, timed out, was lost or cancelled.
         """
-        self.info = self.connection.wait(self.id, timeout)
+        self.info = pending.wait_explained(self.connection, self.info, timeout)
         if raise_on_failure and self.info.state != contracts.JobState.succeeded:
             raise self.failure()
         return self
@@ -156,11 +162,16 @@ class Job:
         dest: str | os.PathLike[str] = ".",
         names: Sequence[str] | None = None,
         *,
-        progress: transfer.Progress | None = None,
+        progress: ProgressOption = None,
     ) -> list[Path]:
         """Download the job's artifacts (or only ``names``) below ``dest``, each checked
-        against its sha256; ``progress(done_bytes, total_bytes)`` is told as they come."""
-        return self.connection.download(self.id, dest, names, progress=progress)
+        against its sha256.
+
+        ``progress``: a bar of the bytes over all of them where someone watches (a
+        notebook or a terminal) by default; ``True`` always, ``False`` never, or a
+        ``progress(done_bytes, total_bytes)`` callback of your own."""
+        with transfer_progress(progress, f"downloading job {self.id}'s artifacts") as shown:
+            return self.connection.download(self.id, dest, names, progress=shown)
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         """A live :class:`~gpulayer.notebook.widgets.JobMonitor` in a notebook, a summary
@@ -198,7 +209,7 @@ def submit(
     *,
     workdir: str | os.PathLike[str] | None = None,
     connection: Connection | None = None,
-    progress: transfer.Progress | None = None,
+    progress: ProgressOption = None,
     **options: Unpack[specs.JobOptions],
 ) -> Job:
     """Submit a command to run on a worker (or, with ``nodes``/``nproc_per_node``,
@@ -237,8 +248,10 @@ def submit(
         biggest files, as soon as the bundle passes 256 MiB
         (``GPULAYER_MAX_WORKDIR_BYTES``).
     progress
-        ``progress(done_bytes, total_bytes)``, told while the workdir is packed
-        (``total_bytes`` None) and uploaded.
+        With ``workdir``: a bar while it is packed and one while it is uploaded,
+        where someone watches (a notebook or a terminal) by default; ``True``
+        always, ``False`` never, or a ``progress(done_bytes, total_bytes)`` callback
+        of your own, told while it is packed (``total_bytes`` None) and uploaded.
     nodes, nproc_per_node, launcher
         A distributed job: ``nodes`` tasks on distinct workers (the resources are
         per node), placed all at once, each running ``nproc_per_node`` processes
@@ -282,10 +295,21 @@ def submit(
     spec = specs.job_spec(options, **program)
     conn = connection if connection is not None else current_connection()
     if workdir is not None:
-        with transfer.pack_workdir(workdir, progress=progress) as packed:
-            ref = conn.upload_file(packed.path, packed.digest, progress=progress)
+        ref = _upload_workdir(conn, workdir, progress)
         spec = spec.model_copy(update={"bundle": ref.sha256})
     return Job(conn, conn.submit(spec))
+
+
+def _upload_workdir(
+    conn: Connection, workdir: str | os.PathLike[str], progress: ProgressOption
+) -> contracts.BlobRef:
+    """Pack ``workdir`` and upload it, each step with its own bar (see :func:`submit`)."""
+    where = os.fspath(workdir)
+    with contextlib.ExitStack() as keep:  # the packed file lives until it is sent
+        with transfer_progress(progress, f"packing {where}") as packing:
+            packed = keep.enter_context(transfer.pack_workdir(workdir, progress=packing))
+        with transfer_progress(progress, f"uploading {where}") as sending:
+            return conn.upload_file(packed.path, packed.digest, progress=sending)
 
 
 _SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)

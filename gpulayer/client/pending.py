@@ -13,6 +13,7 @@ Followers poll the job every :data:`POLL_SECONDS` while it is queued
 (:func:`wait_to_start`), so the first note comes within about two seconds.
 """
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -95,15 +96,25 @@ class PendingNotes:
         return f"job {info.id} {why}"
 
 
+class JobWaiter(JobReader, Protocol):
+    """What :func:`wait_explained` needs of a connection."""
+
+    def wait(self, job_id: str, timeout: float | None = None) -> contracts.Job:
+        """The job once it ended (``TimeoutError`` after ``timeout`` s)."""
+        ...
+
+
 def wait_to_start(
     conn: JobReader,
     info: contracts.Job,
     say: Callable[[str], None],
     *,
     poll: float = POLL_SECONDS,
+    deadline: float | None = None,
 ) -> contracts.Job:
     """Poll a job while it is queued, passing :class:`PendingNotes`' lines to ``say``;
-    answers the job once it is no longer queued (placed, running, or ended)."""
+    answers the job once it is no longer queued (placed, running, or ended), or
+    still queued once ``time.monotonic()`` passes ``deadline``."""
     notes = PendingNotes()
     while True:
         line = notes.note(info)
@@ -111,5 +122,43 @@ def wait_to_start(
             say(line)
         if info.state != contracts.JobState.queued:
             return info
-        time.sleep(poll)
+        if deadline is not None and time.monotonic() >= deadline:
+            return info
+        time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
         info = conn.job(info.id)
+
+
+def say_on_stderr(text: str) -> None:
+    """Where library waits (``Job.wait``, a call's ``result``) say why: stderr."""
+    print(f"[gpulayer] {text}", file=sys.stderr, flush=True)
+
+
+def wait_explained(
+    conn: JobWaiter,
+    info: contracts.Job,
+    timeout: float | None = None,
+    say: Callable[[str], None] = say_on_stderr,
+) -> contracts.Job:
+    """``conn.wait`` for the job ``info`` names, saying why while it is queued (as
+    :func:`wait_to_start` does), within ``timeout`` s in all.
+
+    Raises
+    ------
+    TimeoutError
+        If it has not ended within ``timeout`` (the message says why, when queued).
+    """
+    if info.state.terminal:
+        return info
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if info.state == contracts.JobState.queued:  # the last state seen: ask again
+        info = wait_to_start(conn, conn.job(info.id), say, deadline=deadline)
+        if info.state.terminal:
+            return info
+    if info.state != contracts.JobState.queued:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return conn.wait(info.id, left)
+        except TimeoutError:
+            info = conn.job(info.id)  # said below with the caller's timeout, not what was left
+    why = why_queued(info) or f"it is {info.state}"
+    raise TimeoutError(f"job {info.id} did not end within {timeout:g}s ({why})")

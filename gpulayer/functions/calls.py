@@ -12,7 +12,7 @@ from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import Job
 from gpulayer.client.logs import stored_lines
-from gpulayer.client.pending import wait_to_start
+from gpulayer.client.pending import say_on_stderr, wait_explained, wait_to_start
 from gpulayer.functions.tracebacks import outcomes, value
 
 R = TypeVar("R")
@@ -68,9 +68,10 @@ class Call(Generic[R]):
             When the call timed out, was cancelled, or its worker or runner was lost.
         TimeoutError
             If it did not end within ``timeout``.
+
+        While the call is queued, why it waits is said on stderr, as :meth:`follow` does.
         """
-        if not self.info.state.terminal:
-            self.info = self.connection.wait(self.id, timeout)
+        self.info = wait_explained(self.connection, self.info, timeout)
         got: list[payload.Outcome | None] = [*outcomes(self.connection, self.info)] or [None]
         (outcome,) = got
         answer: R = value(outcome, self.info, self._fn)
@@ -105,13 +106,9 @@ class Call(Generic[R]):
     def follow(self) -> None:
         """Print lines live until the call ends; while it waits for a worker, say why
         (on stderr, as ``[gpulayer] job ID queued: ...``)."""
-        self.info = wait_to_start(self.connection, self.info, _say)
+        self.info = wait_to_start(self.connection, self.info, say_on_stderr)
         _print_lines(self.connection.follow_logs(self.id))
         self.info = self.connection.job(self.id, retry=True)
-
-
-def _say(text: str) -> None:
-    print(f"[gpulayer] {text}", file=sys.stderr, flush=True)
 
 
 def _print_lines(lines: Iterable[contracts.LogLine]) -> None:

@@ -201,7 +201,9 @@ class RemoteFunction(Generic[P, R]):
             call that finished (a chunk is retried whole).
         progress
             Show progress: a widget in a notebook, a bar in a terminal (default:
-            where one of them is available).
+            where one of them is available). While calls are queued it says why
+            (``queued: local-1: all 2 task slots busy``, or ``cannot start: ...``
+            with what to do), asking every couple of seconds.
 
         Notes
         -----

@@ -10,6 +10,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
+from gpulayer.client.pending import NOTE_AFTER_SECONDS, why_queued
 from gpulayer.functions.tracebacks import exception, outcomes
 from gpulayer.notebook.progress import Bar
 
@@ -33,6 +34,7 @@ class Batched(Protocol[R_co]):
 
 _BATCH_JOBS = 500  # specs per POST jobs/batch
 _BATCH_BYTES = 4 * 1024 * 1024
+_WAIT_SECONDS = 30.0  # one wait for results, where nobody watches the bar
 
 
 class MapRun(Generic[R]):
@@ -58,6 +60,9 @@ class MapRun(Generic[R]):
         self._return_exceptions = return_exceptions
         self._limit = max_parallel
         self._progress = progress
+        # a bar someone watches says why calls wait: it asks every couple of seconds
+        self._watched = not getattr(progress, "disable", True)
+        self._why = ""
         self._next_chunk = 0
         self._pending: dict[str, int] = {}  # job id -> chunk index
         self._infos: dict[str, contracts.Job] = {}
@@ -134,7 +139,13 @@ class MapRun(Generic[R]):
         """Wait until at least one more chunk ended; take its outcomes."""
         if not self._pending:
             raise RuntimeError("map: nothing is running, but results are missing")
-        ended = self._conn.wait_any(list(self._pending), timeout=30.0)
+        wait = NOTE_AFTER_SECONDS if self._watched else _WAIT_SECONDS
+        ended = self._conn.wait_any(list(self._pending), timeout=wait)
+        if self._watched and not ended:
+            self._say_why_waiting()
+        elif ended and self._why:  # calls moved on: the reason may be stale, ask anew
+            self._why = ""
+            self._progress.set_postfix_str("")
         for info in ended:
             if info.id not in self._pending:
                 continue  # answered twice (a wait repeated after an outage): taken already
@@ -160,6 +171,19 @@ class MapRun(Generic[R]):
                 self._order.append(index)
             self._progress.update(len(chunk))
         self._submit_more()
+
+    def _say_why_waiting(self) -> None:
+        """Show after the count why calls still wait, from the newest unfinished job
+        (the last to be placed): ``queued: local-1: all 2 task slots busy``, or
+        ``cannot start: ...`` with what to do; nothing once it runs."""
+        newest = next(reversed(self._pending))
+        try:
+            why = why_queued(self._conn.job(newest, retry=True)) or ""
+        except errors.NotFound:  # deleted meanwhile: the wait says so
+            return
+        if why != self._why:
+            self._why = why
+            self._progress.set_postfix_str(why)
 
     def _submit_more(self) -> None:
         """Submit chunks up to ``max_parallel`` running, in batched requests."""

@@ -13,8 +13,9 @@ importing this module stays light.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TextIO
 
 
@@ -27,6 +28,10 @@ class Bar(Protocol):
 
     def close(self) -> None:
         """The run ended (or was stopped): draw the last state."""
+        ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> object:
+        """Show ``s`` after the count (why it waits, say)."""
         ...
 
 
@@ -94,20 +99,68 @@ def steps(names: list[str], desc: str, *, want: bool | None = None) -> Callable[
     return done
 
 
-def transfer(desc: str, total: int | None = None, *, want: bool | None = None) -> TransferCallback:
-    """A progress callback for a streamed upload or download: call it with the bytes
-    moved so far and the total (when known); it draws a bytes bar (KiB, MiB, rate) and
-    closes itself when ``done == total``. For a transfer module's ``progress=``."""
-    progress = bar(total, desc, want=want, unit="B", unit_scale=True, unit_divisor=1024)
+class Transfer:
+    """A bytes bar (KiB, MiB, rate) for one streamed upload or download, called as a
+    transfer module's ``progress(done_bytes, total_bytes)``; it closes itself when
+    ``done == total`` (or at :meth:`close`, or the end of a ``with`` block, for a
+    transfer whose size is not known, such as packing)."""
 
-    def report(done: int, size: int | None = None) -> None:
+    def __init__(
+        self,
+        desc: str,
+        total: int | None = None,
+        *,
+        want: bool | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self._bar = bar(
+            total, desc, want=want, stream=stream, unit="B", unit_scale=True, unit_divisor=1024
+        )
+
+    def __call__(self, done: int, size: int | None = None) -> None:
+        """``done`` bytes moved so far, of ``size`` (None while unknown)."""
+        progress = self._bar
         if size is not None and progress.total != size:
             progress.total = size
         progress.update(done - progress.n)
         if size is not None and done >= size:
             progress.close()
 
-    return report
+    def close(self) -> None:
+        """Draw the last state and finish the line (idempotent)."""
+        self._bar.close()
+
+    def __enter__(self) -> Transfer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def transfer(desc: str, total: int | None = None, *, want: bool | None = None) -> Transfer:
+    """A progress callback for a streamed upload or download: see :class:`Transfer`."""
+    return Transfer(desc, total, want=want)
+
+
+#: What an API that moves files takes as ``progress``: None (a bar where someone
+#: watches: a notebook or a terminal), True (a bar always), False (none), or a
+#: ``progress(done_bytes, total_bytes)`` callback of the caller's own.
+ProgressOption = bool | TransferCallback | None
+
+
+@contextlib.contextmanager
+def transfer_progress(option: ProgressOption, desc: str) -> Iterator[TransferCallback | None]:
+    """The callback for one transfer from a ``progress=`` option (:data:`ProgressOption`):
+    the caller's own, or a :class:`Transfer` bar named ``desc`` closed at the end of
+    the ``with`` block (None when ``False`` or nobody watches)."""
+    if callable(option):
+        yield option
+        return
+    if not wanted(option):
+        yield None
+        return
+    with Transfer(desc, want=True) as shown:
+        yield shown
 
 
 class Progress:

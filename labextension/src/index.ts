@@ -7,13 +7,16 @@ import {
 } from '@jupyterlab/application';
 import { MainAreaWidget, Notification } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { runningIcon } from '@jupyterlab/ui-components';
 
 import { ApiError, GpulayerAPI } from './api';
 import { JobView } from './components/job-view';
+import { chipIcon } from './icons';
 import { ClusterModel } from './model';
 import { GpulayerSidebar } from './sidebar';
 import { GpuStatus } from './status';
+
+/** The sidebar tab's tooltip, as docs/user-guide.md names it. */
+const SIDEBAR_CAPTION = 'GPU layer: workers and jobs';
 
 namespace CommandIDs {
   export const openJob = 'gpulayer:open-job';
@@ -44,10 +47,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           view = new MainAreaWidget({ content });
           view.id = `${content.id}-area`;
           view.title.label = content.title.label;
-          view.title.icon = runningIcon;
+          view.title.icon = chipIcon;
           view.title.closable = true;
           content.title.changed.connect(() => {
             view!.title.label = content.title.label;
+            view!.title.caption = content.title.caption;
           });
           views.set(id, view);
           app.shell.add(view, 'main');
@@ -60,8 +64,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       model,
       openJob: id => void app.commands.execute(CommandIDs.openJob, { id })
     });
-    sidebar.title.icon = runningIcon;
-    sidebar.title.caption = 'GPU layer: workers and jobs';
+    sidebar.title.icon = chipIcon;
+    sidebar.title.caption = SIDEBAR_CAPTION;
     app.shell.add(sidebar, 'left', { rank: 300 });
     restorer?.add(sidebar, 'gpulayer-sidebar');
 

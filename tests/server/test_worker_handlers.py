@@ -331,3 +331,21 @@ async def test_gpu_job_waits_with_a_reason_until_a_worker_has_gpus(gl_api):
     reg = await join(gl_api, "gpubox", devices=[gpu])
     _, got = await gl_api("workers", reg["worker_id"], "acquire", method="POST", token=reg["token"])
     assert got["assignments"][0]["gpu_indices"] == [0]
+
+
+async def test_the_job_list_flags_a_job_no_worker_could_ever_run(gl_api):
+    await join(gl_api)
+    _, big = await gl_api("jobs", method="POST", json_body={**JOB, "resources": {"gpus": 1}})
+    _, small = await gl_api("jobs", method="POST", json_body=JOB)
+    _, listed = await gl_api("jobs")
+    by_id = {j["id"]: j for j in listed["jobs"]}
+    # the list says what the job's own answer says (the sidebar's cards read the list)
+    assert by_id[big["id"]]["unsatisfiable"] is True
+    never = "unsatisfiable: no registered worker could ever run this job"
+    assert by_id[big["id"]]["reason"] == never
+    assert by_id[small["id"]]["unsatisfiable"] is False  # it fits box1 (placed there)
+    gang = {**JOB, "kind": "distributed", "nodes": 2}
+    _, pair = await gl_api("jobs", method="POST", json_body=gang)
+    _, listed = await gl_api("jobs", params={"state": "queued"})
+    flagged = {j["id"]: j["reason"] for j in listed["jobs"] if j["unsatisfiable"]}
+    assert flagged[pair["id"]].startswith("unsatisfiable: a gang of 2 nodes needs 2 workers")

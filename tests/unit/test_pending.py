@@ -122,6 +122,28 @@ def test_job_wait_says_why_it_is_still_queued() -> None:
     assert NO_GPU in str(e.value)
 
 
+def test_job_wait_without_a_timeout_says_why_while_it_waits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ended = job("succeeded", started_at=NOW, ended_at=NOW, exit_code=0)
+    conn = mock({
+        "GET jobs/j1": [stuck(), job("running", started_at=NOW)],
+        "GET jobs/j1/wait": [ended],
+    })  # fmt: skip
+    assert client.Job(conn, job()).wait().info.state == "succeeded"
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"[gpulayer] job j1 cannot start: {UNSAT} ({NO_GPU}); {GPU_HINT}"]
+
+
+def test_a_remote_calls_result_says_why_it_waits(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpulayer.functions.calls import Call
+
+    conn = mock({"GET jobs/j1": [stuck()], "GET jobs/j1/wait": [stuck()]})
+    with pytest.raises(TimeoutError, match=r"did not end within 0.5s \(cannot start: "):
+        Call(conn, job(), "train", None).result(timeout=0.5)
+    assert capsys.readouterr().err.startswith(f"[gpulayer] job j1 cannot start: {UNSAT}")
+
+
 def test_a_cell_that_cannot_start_says_so_before_the_first_wait() -> None:
     spec = contracts.JobSpec(kind="cell", cell={"source": "1"}, resources={"gpus": 4})
     cell = stuck().model_copy(update={"spec": spec})

@@ -3,6 +3,7 @@
 import React from 'react';
 
 import { IJob, JOB_STATES, JobState } from '../contracts';
+import { jobTitle, waitNote } from '../job-text';
 import { ClusterModel, elapsedSeconds, formatDuration, isTerminal } from '../model';
 import { useTick } from './use-changed';
 
@@ -13,23 +14,42 @@ function JobRow(props: {
   onCancel: (id: string) => void;
 }) {
   const j = props.job;
-  const where = j.worker_name ? ` on ${j.worker_name}` : '';
+  const gpus = j.spec.resources.gpus;
+  // a leading space would be dropped at the start of a flex item: a no-break space is not
+  const facts = [
+    j.worker_name ? `\u00a0on ${j.worker_name}` : '',
+    `\u00a0· ${formatDuration(elapsedSeconds(j, props.now))}`,
+    gpus > 0 ? `\u00a0· ${gpus} GPU` : ''
+  ].join('');
+  const note = waitNote(j);
+  const never = note?.kind === 'unsatisfiable';
+  const title = jobTitle(j);
   return (
-    <li className="gpulayer-job" data-job-id={j.id} data-state={j.state}>
+    <li
+      className="gpulayer-job"
+      data-job-id={j.id}
+      data-state={j.state}
+      data-unsatisfiable={String(never)}
+    >
       <button
         className="gpulayer-job-open"
-        title={`Open job ${j.id}`}
+        title={`Open job ${j.id}: ${title}`}
         onClick={() => props.onOpen(j.id)}
       >
-        <span className="gpulayer-job-name">{j.spec.name ?? j.id}</span>
-        <span className={`gpulayer-state gpulayer-state-${j.state}`}>{j.state}</span>
+        <span className="gpulayer-job-name">{title}</span>
+        <span className={`gpulayer-state gpulayer-state-${never ? 'unsatisfiable' : j.state}`}>
+          {never ? 'unsatisfiable' : j.state}
+        </span>
       </button>
       <div className="gpulayer-job-meta">
-        {j.owner}
-        {where} · {formatDuration(elapsedSeconds(j, props.now))}
-        {j.spec.resources.gpus > 0 && ` · ${j.spec.resources.gpus} GPU`}
+        <span className="gpulayer-job-owner" title={j.owner}>
+          {j.owner}
+        </span>
+        <span className="gpulayer-job-facts">{facts}</span>
       </div>
-      {j.state === 'queued' && j.reason && <div className="gpulayer-job-reason">{j.reason}</div>}
+      {note && (
+        <div className={`gpulayer-job-reason gpulayer-mod-${note.kind}`}>{note.text}</div>
+      )}
       {!isTerminal(j.state) && (
         <button className="gpulayer-cancel jp-mod-styled" onClick={() => props.onCancel(j.id)}>
           Cancel
@@ -50,7 +70,7 @@ export function JobList(props: {
   return (
     <div className="gpulayer-jobs">
       <div className="gpulayer-filters">
-        <label>
+        <label className="gpulayer-filter-state-label">
           state{' '}
           <select
             className="gpulayer-filter-state"
@@ -65,16 +85,17 @@ export function JobList(props: {
             ))}
           </select>
         </label>
-        <label>
+        <label className="gpulayer-filter-owner-label">
           owner{' '}
           <select
             className="gpulayer-filter-owner"
             value={filter.owner ?? ''}
+            title={filter.owner ?? 'anyone'}
             onChange={e => void model.setFilter({ owner: e.target.value || null })}
           >
             <option value="">anyone</option>
             {model.owners.map(o => (
-              <option key={o} value={o}>
+              <option key={o} value={o} title={o}>
                 {o}
               </option>
             ))}

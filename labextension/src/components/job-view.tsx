@@ -4,6 +4,7 @@ import { ReactWidget } from '@jupyterlab/ui-components';
 import React from 'react';
 
 import type { IGpulayerAPI } from '../api';
+import { jobTitle, waitNote } from '../job-text';
 import {
   elapsedSeconds,
   formatBytes,
@@ -30,11 +31,15 @@ function JobDetails(props: { model: JobModel; follower: LogFollower }) {
   }
   const task = job.tasks[job.tasks.length - 1];
   const gpus = task?.gpu_indices.length ? ` (GPUs ${task.gpu_indices.join(', ')})` : '';
+  const note = waitNote(job);
+  const never = note?.kind === 'unsatisfiable';
   return (
     <div className="gpulayer-job-view-body" data-job-id={job.id} data-state={job.state}>
       <div className="gpulayer-job-view-head">
-        <h2>{job.spec.name ?? job.id}</h2>
-        <span className={`gpulayer-state gpulayer-state-${job.state}`}>{job.state}</span>
+        <h2 title={`job ${job.id}`}>{jobTitle(job)}</h2>
+        <span className={`gpulayer-state gpulayer-state-${never ? 'unsatisfiable' : job.state}`}>
+          {never ? 'unsatisfiable' : job.state}
+        </span>
         {!isTerminal(job.state) && (
           <button
             className="gpulayer-cancel jp-mod-styled jp-mod-warn"
@@ -50,8 +55,11 @@ function JobDetails(props: { model: JobModel; follower: LogFollower }) {
         {job.worker_name && ` · on ${job.worker_name}${gpus}`}
         {job.exit_code !== null && ` · exit ${job.exit_code}`}
       </div>
-      {job.reason && job.reason !== job.state && (
-        <div className="gpulayer-job-reason">{job.reason}</div>
+      {note ? (
+        <div className={`gpulayer-job-reason gpulayer-mod-${note.kind}`}>{note.text}</div>
+      ) : (
+        job.reason &&
+        job.reason !== job.state && <div className="gpulayer-job-reason">{job.reason}</div>
       )}
       {model.problem && <div className="gpulayer-problem">{model.problem.message}</div>}
       {job.state === 'queued' && job.pending_reasons.length > 0 && (
@@ -90,7 +98,7 @@ function JobDetails(props: { model: JobModel; follower: LogFollower }) {
       {model.training.series.length > 0 && (
         <section className="gpulayer-training">
           <h3>Training</h3>
-          <MetricChart data={model.training} time={false} />
+          <MetricChart data={model.training} time={false} logToggle />
           <div className="gpulayer-dim">
             What the program logged (a Trainer's log points, or lines of $GPULAYER_METRICS_FILE),
             over steps.
@@ -122,8 +130,9 @@ export class JobView extends ReactWidget {
     this.follower = new LogFollower({ api: options.api, jobId: options.jobId });
     void this.follower.follow();
     this.model.changed.connect(() => {
-      const name = this.model.job?.spec.name;
-      this.title.label = `Job ${name ?? options.jobId}`;
+      const job = this.model.job;
+      this.title.label = job ? jobTitle(job) : `Job ${options.jobId}`;
+      this.title.caption = `gpulayer job ${options.jobId}`;
     });
   }
 

@@ -1,61 +1,47 @@
 // Charts (uPlot) of a job's readings over time, or of its training metrics over steps.
 
-import React, { useEffect, useRef } from 'react';
+import React, { useEffect, useRef, useState } from 'react';
 import uPlot from 'uplot';
 
+import { alignedData, chartOptions, suggestLog } from '../chart-options';
 import type { ISeriesSet } from '../model';
 
-const COLORS = ['#1976d2', '#e65100', '#2e7d32', '#6a1b9a', '#c62828', '#00838f'];
-
-function options(data: ISeriesSet, width: number, time: boolean): uPlot.Options {
-  // One y scale per unit: the first on the left, the second (if any) on the right.
-  const units = [...new Set(data.series.map(s => s.unit))];
-  const axes: uPlot.Axis[] = [{}];
-  units.slice(0, 2).forEach((unit, i) =>
-    axes.push({ scale: unit, side: i === 0 ? 3 : 1, size: 50, label: unit, grid: { show: i === 0 } })
-  );
-  return {
-    width,
-    height: 200,
-    scales: { x: { time } },
-    series: [
-      time ? {} : { label: 'step' },
-      ...data.series.map((s, i) => ({
-        label: s.unit ? `${s.label} (${s.unit})` : s.label,
-        scale: s.unit,
-        stroke: COLORS[i % COLORS.length],
-        width: 1.5,
-        spanGaps: true
-      }))
-    ],
-    axes
-  };
-}
-
-function aligned(data: ISeriesSet): uPlot.AlignedData {
-  return [data.x, ...data.series.map(s => s.values)] as uPlot.AlignedData;
-}
-
-export function MetricChart(props: { data: ISeriesSet; time?: boolean; empty?: string }) {
-  const time = props.time ?? true;
+function Chart(props: { data: ISeriesSet; time: boolean; log: boolean }) {
+  const { data, time, log } = props;
   const host = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
-  const labels = props.data.series.map(s => s.label).join('|');
+  const labels = data.series.map(s => s.label).join('|');
   useEffect(() => {
-    if (!host.current || !props.data.series.length) {
+    if (!host.current) {
       return;
     }
     const width = Math.max(300, host.current.clientWidth || 500);
-    plot.current = new uPlot(options(props.data, width, time), aligned(props.data), host.current);
+    const aligned = alignedData(data, log) as uPlot.AlignedData;
+    plot.current = new uPlot(chartOptions(data, { width, time, log }), aligned, host.current);
     return () => {
       plot.current?.destroy();
       plot.current = null;
     };
-    // A new set of series needs a new chart; new points only need setData below.
-  }, [labels]);
+    // A new set of series or a new scale needs a new chart; new points only setData below.
+  }, [labels, log]);
   useEffect(() => {
-    plot.current?.setData(aligned(props.data));
-  }, [props.data]);
+    plot.current?.setData(alignedData(data, log) as uPlot.AlignedData);
+  }, [data]);
+  return <div className="gpulayer-chart" data-scale={log ? 'log' : 'linear'} ref={host} />;
+}
+
+/**
+ * A chart, or a note when there is nothing to draw. With `logToggle`, a "log
+ * scale" checkbox: on by default when the values span two decades or more
+ * (`suggestLog`), until the user sets it.
+ */
+export function MetricChart(props: {
+  data: ISeriesSet;
+  time?: boolean;
+  empty?: string;
+  logToggle?: boolean;
+}) {
+  const [chosen, setChosen] = useState<boolean | null>(null);
   if (!props.data.series.length) {
     return (
       <div className="gpulayer-empty gpulayer-no-metrics">
@@ -63,5 +49,20 @@ export function MetricChart(props: { data: ISeriesSet; time?: boolean; empty?: s
       </div>
     );
   }
-  return <div className="gpulayer-chart" ref={host} />;
+  const log = props.logToggle ? chosen ?? suggestLog(props.data) : false;
+  return (
+    <div className="gpulayer-chart-box">
+      {props.logToggle && (
+        <label className="gpulayer-log-scale">
+          <input
+            type="checkbox"
+            checked={log}
+            onChange={e => setChosen(e.target.checked)}
+          />{' '}
+          log scale
+        </label>
+      )}
+      <Chart data={props.data} time={props.time ?? true} log={log} />
+    </div>
+  );
 }

@@ -3,6 +3,7 @@
 import React from 'react';
 
 import type { IWorker } from '../contracts';
+import { jobTitle } from '../job-text';
 import { ClusterModel, formatBytes, gpuBars, IGpuBar } from '../model';
 
 function Bar(props: { label: string; percent: number | null; text: string }) {
@@ -61,7 +62,7 @@ function Worker(props: { worker: IWorker; model: ClusterModel }) {
       )}
       {running.length > 0 && (
         <div className="gpulayer-worker-running">
-          running: {running.map(j => j.spec.name ?? j.id).join(', ')}
+          running: {running.map(jobTitle).join(', ')}
         </div>
       )}
     </li>
