@@ -28,6 +28,7 @@ from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
 from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
 from gpulayer.worker.kernels import KernelHost, session_key
+from gpulayer.worker.network import Network
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
@@ -54,8 +55,10 @@ class Launcher:
         blob: BlobSource,
         kill_grace_seconds: float,
         control_plane: ControlPlaneAddress | None = None,
+        network: Callable[[], Network] | None = None,
     ) -> None:
         self._name = worker_name
+        self._network = network
         self._control_plane = control_plane
         self._tasks_root = tasks_root
         self._runners = runners
@@ -114,6 +117,7 @@ class Launcher:
         task.follow_metrics(env)
         grace = self._kill_grace_seconds
         if a.gang is not None:
+            env.update(self._socket_env(a))
             return GangRun(
                 a, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
             )
@@ -125,6 +129,7 @@ class Launcher:
         """One node of a distributed function; its training metrics followed."""
         a = task.assignment
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        env.update(self._socket_env(a))
         task.follow_metrics(env)
         return GangCallRun(
             a,
@@ -135,6 +140,10 @@ class Launcher:
             on_line=task.logs.add,
             kill_grace_seconds=self._kill_grace_seconds,
         )
+
+    def _socket_env(self, a: c.Assignment) -> dict[str, str]:
+        """The interface a rank's collective backend uses (unless the job names one)."""
+        return self._network().socket_env(a.spec.env) if self._network else {}
 
     async def _kernel_run(self, task: TaskRecord) -> Run:
         """A cell or session, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""
