@@ -37,6 +37,8 @@ By hand (as root)::
     python -m tests.hosts.harness up            # ctl, w1, w2, laptop; Ctrl-C tears down
     python -m tests.hosts.harness shell w1      # a shell on w1 (while `up` runs)
     python -m tests.hosts.harness down          # remove what a killed run left
+
+``GPULAYER_HOSTS_KEEP_LOGS=DIR`` keeps every process's output in ``DIR/<tag>/``.
 """
 
 from __future__ import annotations
@@ -460,6 +462,8 @@ class Hosts:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+        if keep := os.environ.get("GPULAYER_HOSTS_KEEP_LOGS"):
+            shutil.copytree(self.root / "logs", Path(keep) / self.tag, dirs_exist_ok=True)
         with _state_lock():
             _remove(json.loads(self._record.read_text()) if self._record.exists() else
                     {"netns": [self.switch] + [h.netns for h in self.hosts.values()],
