@@ -115,7 +115,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 print("rank", rank, "on", socket.gethostname(), "ifname", os.environ["GLOO_SOCKET_IFNAME"],
       os.environ["NCCL_SOCKET_IFNAME"], flush=True)
-Path(f"/tmp/rank{rank}.pid").write_text(str(os.getpid()))
+Path(os.environ["HOST_TMP"], f"rank{rank}.pid").write_text(str(os.getpid()))
 while True:
     dist.all_reduce(__import__("torch").ones(1))
     time.sleep(0.05)
@@ -127,7 +127,8 @@ import gpulayer as gl
 
 conn = gl.connect()
 job = gl.submit([sys.executable, "-c", {code!r}], nodes=2, nproc_per_node=2,
-                launcher="direct", timeout="150s", connection=conn)
+                launcher="direct", timeout="150s", env={{"HOST_TMP": {tmp!r}}},
+                connection=conn)
 print(job.id, flush=True)
 info = conn.wait(job.id, timeout=170)
 tasks = {{t.worker_name: [t.state, t.reason] for t in info.tasks}}
@@ -142,7 +143,7 @@ def test_a_rank_killed_on_one_host_stops_the_gang_on_both(gl_hosts, gang_fleet):
     for name in WORKERS:
         for rank in range(4):
             gl_hosts[name].outside(gl_hosts[name].tmp / f"rank{rank}.pid").unlink(missing_ok=True)
-    code = FAILING.format(code=textwrap.dedent(RANKS))
+    code = FAILING.format(code=textwrap.dedent(RANKS), tmp=str(laptop.tmp))
     proc = laptop.spawn(["python", "-c", code], label="failing", env=gang_fleet.env)
     pids = {}
 
