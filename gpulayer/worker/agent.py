@@ -130,6 +130,7 @@ class Agent:
             runners=self._runners,
             kernels=self._kernels,
             blob=self._uplink.blob,
+            blob_file=self._uplink.blob_file,
             kill_grace_seconds=config.kill_grace_seconds,
             control_plane=ControlPlaneAddress(config.url, config.fingerprint, config.insecure),
             network=lambda: self.network,

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: ``blob(sha256)``: a bundle or payload by its hash (raises a GpulayerError).
 BlobSource = Callable[[str], Awaitable[bytes]]
+#: ``blob_file(sha256)``: a bundle by its hash, as a file in the worker's cache.
+BlobFile = Callable[[str], Awaitable[Path]]
 
 
 class Launcher:
@@ -54,6 +56,7 @@ class Launcher:
         kernels: KernelHost,
         blob: BlobSource,
         kill_grace_seconds: float,
+        blob_file: BlobFile | None = None,
         control_plane: ControlPlaneAddress | None = None,
         network: Callable[[], Network] | None = None,
     ) -> None:
@@ -64,6 +67,7 @@ class Launcher:
         self._runners = runners
         self._kernels = kernels
         self._blob = blob
+        self._blob_file = blob_file
         self._kill_grace_seconds = kill_grace_seconds
 
     def expect(self, assignment: c.Assignment) -> None:
@@ -96,8 +100,12 @@ class Launcher:
             task.logs.add(c.LogStream.system, f"started on {self._name} ({where})", _now())
         folder = await task.make_dir(self._tasks_root)
         if a.spec.bundle is not None:
-            data = await self._blob(a.spec.bundle)
-            await asyncio.to_thread(folder.unpack, data)
+            bundle: bytes | Path = (
+                await self._blob_file(a.spec.bundle)
+                if self._blob_file is not None
+                else await self._blob(a.spec.bundle)
+            )
+            await asyncio.to_thread(folder.unpack, bundle)  # a file: read a block at a time
         await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
         if fn is None:
             return self._command_run(task, folder)

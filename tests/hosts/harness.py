@@ -118,7 +118,8 @@ def _state_lock() -> Iterator[None]:
 def guard_present() -> bool:
     """Whether the root namespace blackholes the hosts' range."""
     routes = sh("ip", "route", "show", "type", "blackhole").stdout
-    return any(line.split()[:1] == [SUBNET] for line in routes.splitlines())
+    # "10.200.0.0/24" or "blackhole 10.200.0.0/24", depending on iproute2's version
+    return any(SUBNET in line.split()[:2] for line in routes.splitlines())
 
 
 def _alive(pid: int, started: float) -> bool:
