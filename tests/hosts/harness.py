@@ -66,7 +66,7 @@ FIRST_ADDRESS = 10  # ctl 10.200.0.10, w1 .11, ...
 STATE_DIR = Path("/run/gpulayer-hosts")
 DEFAULT_HOSTS = ("ctl", "w1", "w2", "laptop")
 NETNS_DIR = Path("/run/netns")
-TOOLS = ("ip", "nsenter", "unshare", "mount")
+TOOLS = ("ip", "tc", "iptables", "nsenter", "unshare", "mount")
 STOP_GRACE_SECONDS = 10.0
 
 #: Run inside each new process: hostname, the host's folder at the view, the other
@@ -89,7 +89,7 @@ def missing() -> str | None:
         return "hosts need root (network namespaces, mounts, iptables); CI runs as root"
     for tool in TOOLS:
         if shutil.which(tool) is None:
-            return f"hosts need `{tool}` (apt-get install iproute2 util-linux)"
+            return f"hosts need `{tool}` (apt-get install iproute2 iptables util-linux)"
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         return f"`ip netns` does not work here: {probe.stderr.strip()}"
