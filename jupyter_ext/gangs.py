@@ -88,13 +88,17 @@ def busy_ports(active_tasks: Sequence[TaskRecord]) -> set[tuple[str, int]]:
     return out
 
 
-def pick_port(address: str, busy: set[tuple[str, int]]) -> int:
-    """A rendezvous port on ``address`` that no active gang uses."""
-    lo, hi = PORT_RANGE
+def pick_port(address: str, busy: set[tuple[str, int]], ports: Sequence[int] | None = None) -> int:
+    """A rendezvous port on ``address`` that no active gang uses, in ``ports`` (the
+    worker's ``rendezvous_ports``, else :data:`PORT_RANGE`)."""
+    lo, hi = ports or PORT_RANGE
     for _ in range(100):
         port = random.randint(lo, hi)  # spreading ports, not a secret
         if (address, port) not in busy:
             return port
+    free = [p for p in range(lo, hi + 1) if (address, p) not in busy]
+    if free:  # a narrow range, nearly full
+        return free[0]
     raise RuntimeError(f"no free rendezvous port on {address} in {lo}-{hi}")
 
 

@@ -138,7 +138,8 @@ class Placer:
         """Statements that place every node of a gang (lock held)."""
         head = await self._core.fleet.get(nodes[0].worker.id)
         address = head.info.get("address") or head.hostname
-        port = gangs.pick_port(address, gangs.busy_ports(await self._core.store.active_tasks()))
+        busy = gangs.busy_ports(await self._core.store.active_tasks())
+        port = gangs.pick_port(address, busy, head.info.get("rendezvous_ports"))
         return gangs.place(now, job, spec, nodes, address, port, new_id)
 
     # ------------------------------------------------------------- explain

@@ -12,6 +12,7 @@ attempt (given up as ``lost``, or replaced by a newer attempt) are refused with
 current attempt's outcome is ever kept; the worker stops such a task.
 """
 
+import asyncio
 import logging
 
 from gpulayer.contracts import (
@@ -108,12 +109,14 @@ class Tasks:
             return await data.commit()
         return await self._core.blobs.put(data)
 
-    async def blob(self, reader: Principal | None, sha256: str) -> bytes:
-        """A stored blob (a bundle, payload or pushed variables) for a worker's task."""
+    async def blob_size(self, reader: Principal | None, sha256: str) -> int:
+        """The size of a stored blob (a bundle, payload or pushed variables) ``reader``
+        may fetch for a task (then sent with
+        :meth:`~jupyter_ext.artifacts.BlobStore.chunks`, a chunk at a time)."""
         await access.may_read_blob(self._core.store, reader, sha256)
         if not self._core.blobs.exists(sha256):
             raise NotFound(f"no blob {sha256!r}")
-        return await self._core.blobs.read(sha256)
+        return (await asyncio.to_thread(self._core.blobs.path(sha256).stat)).st_size
 
     async def complete(
         self, reporter: Principal | None, task_id: str, done: TaskCompletion

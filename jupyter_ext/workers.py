@@ -44,7 +44,8 @@ from .transitions import started, unplaced
 log = logging.getLogger(__name__)
 
 #: Registration fields kept as the worker's ``info``.
-_INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python", "address"}
+_INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "python", "address",
+         "rendezvous_ports"}  # fmt: skip
 
 
 class Workers:

@@ -89,9 +89,17 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                       help="send tokens over http:// to another machine (clear text)")  # fmt: skip
     join.add_argument("--name", help="worker name (default: the hostname)")
     join.add_argument("--slots", type=bounded(int, 1), default=4, help="tasks run at once")
-    join.add_argument("--address", metavar="HOST",
+    join.add_argument("--advertise-address", "--address", dest="address", metavar="HOST",
                       help="where other workers reach this one for distributed jobs"
-                           " (default: the IP used to reach the control plane)")  # fmt: skip
+                           " (default: the IP used to reach the control plane, or that of"
+                           " --interface)")  # fmt: skip
+    join.add_argument("--interface", metavar="IF",
+                      help="the network interface peers reach: its address is advertised and"
+                           " ranks get GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=IF (default: the"
+                           " one that reaches the control plane)")  # fmt: skip
+    join.add_argument("--rendezvous-ports", type=port_range, metavar="LO-HI",
+                      help="ports a gang's rendezvous may use here when this worker hosts"
+                           " node 0 (default: the control plane's, 29500-31499)")  # fmt: skip
     join.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                       help="the worker's folders and credential")  # fmt: skip
     join.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V",
@@ -268,6 +276,16 @@ def join_token(args: argparse.Namespace) -> str:
     )
 
 
+def port_range(text: str) -> tuple[int, int]:
+    """``--rendezvous-ports LO-HI``."""
+    from gpulayer.worker.network import parse_ports
+
+    try:
+        return parse_ports(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _join(args: argparse.Namespace) -> int:
     token = join_token(args)
     try:
@@ -279,7 +297,8 @@ def _join(args: argparse.Namespace) -> int:
         url=args.join_url, token=token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
-        address=args.address, insecure=args.insecure, task_user=args.task_user,
+        address=args.address, interface=args.interface, rendezvous_ports=args.rendezvous_ports,
+        insecure=args.insecure, task_user=args.task_user,
         first_registration_seconds=args.register_timeout,
     )  # fmt: skip
     logging.basicConfig(

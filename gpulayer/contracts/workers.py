@@ -26,6 +26,7 @@ MAX_LABELS = 64
 
 TaskId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 ShortText = Annotated[str, StringConstraints(max_length=64)]
+PortNumber = Annotated[int, Field(ge=1024, le=65535)]
 
 #: How often workers heartbeat, unless the control plane says otherwise.
 DEFAULT_HEARTBEAT_SECONDS = 2.0
@@ -108,6 +109,18 @@ class WorkerRegistration(RequestModel):
         description="the newest Acquired.seq this worker had taken in when it built this"
         " (None: it took none since it started); see Heartbeat.acquired_seq",
     )
+    rendezvous_ports: tuple[PortNumber, PortNumber] | None = Field(
+        default=None,
+        description="the ports [low, high] a gang's rendezvous may use on this worker when"
+        " it hosts node 0 (None: the control plane's default range)",
+    )
+
+    @field_validator("rendezvous_ports")
+    @classmethod
+    def _low_to_high(cls, ports: tuple[int, int] | None) -> tuple[int, int] | None:
+        if ports is not None and ports[0] > ports[1]:
+            raise ValueError("the low port comes first")
+        return ports
 
     @field_validator("hostname", "version")
     @classmethod
@@ -187,6 +200,7 @@ class Worker(DocumentModel):
     version: str
     python: str = ""
     address: str | None = None
+    rendezvous_ports: tuple[int, int] | None = None
     registered_at: datetime
     last_heartbeat: datetime | None = None
     running_tasks: list[str] = []

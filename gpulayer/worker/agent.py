@@ -23,7 +23,6 @@ The pieces: :mod:`~gpulayer.worker.uplink` (HTTP, retry, re-registration),
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import shutil
@@ -43,7 +42,7 @@ from gpulayer import contracts as c
 from gpulayer import tls
 from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir, tighten
-from gpulayer.worker import devices, spawning, task_user
+from gpulayer.worker import devices, network, spawning, task_user
 from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
@@ -77,6 +76,8 @@ class AgentConfig:
     warm_runners: int = 1  # function runners started ahead of the first call
     runner_max_calls: int = 1000  # calls before a function runner is replaced
     address: str | None = None  # where other workers reach this one (gang rendezvous)
+    interface: str | None = None  # the interface peers reach (default: the one of address)
+    rendezvous_ports: tuple[int, int] | None = None  # MASTER_PORT range when it hosts node 0
     insecure: bool = False  # allow tokens over http:// to a host that is not this machine
     first_registration_seconds: float = 60.0  # give up on an unreachable URL (0: never)
     # Who runs tasks when the worker is root: None for gpulayer-task, "" for the worker's user.
@@ -99,6 +100,7 @@ class Agent:
         tighten(self.data_dir)
         self.tasks_root = make_tasks_root(self.name)  # outside the data dir
         self.devices = devices.discover()
+        self.network = self._network()
         self._gpu_telemetry = GpuTelemetry(self.devices)
         self._trees = TreeSampler()
         self._lease = Lease(fence)
@@ -128,8 +130,10 @@ class Agent:
             runners=self._runners,
             kernels=self._kernels,
             blob=self._uplink.blob,
+            blob_file=self._uplink.blob_file,
             kill_grace_seconds=config.kill_grace_seconds,
             control_plane=ControlPlaneAddress(config.url, config.fingerprint, config.insecure),
+            network=lambda: self.network,
         )
         self._pipeline = Pipeline(
             self._uplink,
@@ -149,6 +153,7 @@ class Agent:
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
         await self._first_registration()
+        log.info("distributed jobs: %s", network.describe(self.network))
         if (user := spawning.task_user()) is not None:
             log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
         await asyncio.gather(self._heartbeat_loop(), self._acquire_loop(), self._lease_loop())
@@ -180,8 +185,20 @@ class Agent:
                 " (--register-timeout waits longer)"
             ) from None
 
+    def _network(self) -> network.Network:
+        """Where peers reach this worker (found again at each registration: an address
+        found while the network was down would otherwise stay wrong)."""
+        cfg = self.config
+        return network.resolve(
+            cfg.url,
+            address=cfg.address,
+            interface=cfg.interface,
+            rendezvous_ports=cfg.rendezvous_ports,
+        )
+
     def _registration(self) -> c.WorkerRegistration:
         vm = psutil.virtual_memory()
+        self.network = self._network()
         try:
             return c.WorkerRegistration(
                 name=self.name,
@@ -195,7 +212,8 @@ class Agent:
                 python=f"{sys.version_info.major}.{sys.version_info.minor}",
                 running_tasks=self._running_ids(),
                 acquired_seq=self._acquired_seq,
-                address=self.config.address or advertise_address(self.config.url),
+                address=self.network.address,
+                rendezvous_ports=self.network.rendezvous_ports,
             )
         except pydantic.ValidationError as e:
             problems = "; ".join(
@@ -382,18 +400,3 @@ def main(config: AgentConfig) -> int:
     """Run the agent until SIGINT or SIGTERM; the exit code of ``gpulayer join``."""
     asyncio.run(run_agent(config))
     return 0
-
-
-def advertise_address(url: str) -> str:
-    """The address other workers reach this one at: 127.0.0.1 when the control plane
-    is on this machine, else the local IP this machine uses to reach it."""
-    host = httpx.URL(url).host or "127.0.0.1"
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-        if any(ipaddress.ip_address(i[4][0]).is_loopback for i in infos):
-            return "127.0.0.1"
-        with socket.socket(infos[0][0], socket.SOCK_DGRAM) as s:
-            s.connect((infos[0][4][0], 9))  # a UDP connect sends nothing
-            return str(s.getsockname()[0])
-    except (OSError, ValueError):
-        return socket.gethostname()

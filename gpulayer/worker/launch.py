@@ -28,6 +28,7 @@ from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
 from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
 from gpulayer.worker.kernels import KernelHost, session_key
+from gpulayer.worker.network import Network
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import Run
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: ``blob(sha256)``: a bundle or payload by its hash (raises a GpulayerError).
 BlobSource = Callable[[str], Awaitable[bytes]]
+#: ``blob_file(sha256)``: a bundle by its hash, as a file in the worker's cache.
+BlobFile = Callable[[str], Awaitable[Path]]
 
 
 class Launcher:
@@ -53,14 +56,18 @@ class Launcher:
         kernels: KernelHost,
         blob: BlobSource,
         kill_grace_seconds: float,
+        blob_file: BlobFile | None = None,
         control_plane: ControlPlaneAddress | None = None,
+        network: Callable[[], Network] | None = None,
     ) -> None:
         self._name = worker_name
+        self._network = network
         self._control_plane = control_plane
         self._tasks_root = tasks_root
         self._runners = runners
         self._kernels = kernels
         self._blob = blob
+        self._blob_file = blob_file
         self._kill_grace_seconds = kill_grace_seconds
 
     def expect(self, assignment: c.Assignment) -> None:
@@ -93,8 +100,12 @@ class Launcher:
             task.logs.add(c.LogStream.system, f"started on {self._name} ({where})", _now())
         folder = await task.make_dir(self._tasks_root)
         if a.spec.bundle is not None:
-            data = await self._blob(a.spec.bundle)
-            await asyncio.to_thread(folder.unpack, data)
+            bundle: bytes | Path = (
+                await self._blob_file(a.spec.bundle)
+                if self._blob_file is not None
+                else await self._blob(a.spec.bundle)
+            )
+            await asyncio.to_thread(folder.unpack, bundle)  # a file: read a block at a time
         await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
         if fn is None:
             return self._command_run(task, folder)
@@ -114,6 +125,7 @@ class Launcher:
         task.follow_metrics(env)
         grace = self._kill_grace_seconds
         if a.gang is not None:
+            env.update(self._socket_env(a))
             return GangRun(
                 a, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
             )
@@ -125,6 +137,7 @@ class Launcher:
         """One node of a distributed function; its training metrics followed."""
         a = task.assignment
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        env.update(self._socket_env(a))
         task.follow_metrics(env)
         return GangCallRun(
             a,
@@ -135,6 +148,10 @@ class Launcher:
             on_line=task.logs.add,
             kill_grace_seconds=self._kill_grace_seconds,
         )
+
+    def _socket_env(self, a: c.Assignment) -> dict[str, str]:
+        """The interface a rank's collective backend uses (unless the job names one)."""
+        return self._network().socket_env(a.spec.env) if self._network else {}
 
     async def _kernel_run(self, task: TaskRecord) -> Run:
         """A cell or session, in a headless kernel (:mod:`gpulayer.worker.kernels`)."""

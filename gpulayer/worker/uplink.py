@@ -57,6 +57,7 @@ class Request(TypedDict, total=False):
     content: Content | None
     headers: dict[str, str] | None
     retry: bool
+    stream: bool
 
 
 class Uplink:
@@ -222,15 +223,18 @@ class Uplink:
         content: Content | None = None,
         headers: dict[str, str] | None = None,
         retry: bool = True,
+        stream: bool = False,
     ) -> httpx.Response:
         """One request; with ``retry``, transport errors and 5xx answers are retried
-        with capped backoff until they stop, warning once per outage."""
+        with capped backoff until they stop, warning once per outage. With ``stream``
+        a successful answer's body is left to read (``aiter_bytes``, then ``aclose``);
+        any other answer is read whole."""
         all_headers = {"Authorization": f"Bearer {token}", **(headers or {})}
         delay, warned = BACKOFF_START_SECONDS, False
         while True:
             asked = 0.0
             try:
-                resp = await self._http.request(
+                request = self._http.build_request(
                     method,
                     self._base + path,
                     params=params,
@@ -238,6 +242,9 @@ class Uplink:
                     json=None if body is None else body.model_dump(mode="json"),
                     content=content() if callable(content) else content,
                 )
+                resp = await self._http.send(request, stream=stream)
+                if stream and not resp.is_success:
+                    await resp.aread()  # an error's body, and the connection back
             except httpx.TransportError as e:
                 pin = tls.mismatch_in(e)
                 if pin is not None:  # not an outage: never retried, nothing was sent
@@ -266,7 +273,14 @@ class Uplink:
     # --------------------------------------------------------------- blobs
 
     async def blob(self, sha256: str) -> bytes:
-        """A bundle by its sha256, from the cache or the server.
+        """A payload or pushed variables by its sha256 (small), from the cache or the
+        server; see :meth:`blob_file`."""
+        return await asyncio.to_thread((await self.blob_file(sha256)).read_bytes)
+
+    async def blob_file(self, sha256: str) -> Path:
+        """A blob (a bundle) by its sha256 in the worker's cache, downloaded once: a
+        chunk at a time into a file that appears only whole and with that sha256
+        (:func:`gpulayer.transfer.areceive`), so memory stays bounded by the chunk.
 
         Raises
         ------
@@ -276,25 +290,33 @@ class Uplink:
         path = self._blob_dir / sha256
         async with self._blob_locks.setdefault(sha256, asyncio.Lock()):
             if path.is_file():
-                return await asyncio.to_thread(path.read_bytes)
-            resp = await self.call("GET", f"blobs/{sha256}")
-            if resp.status_code == 404:
-                raise NotFound(f"bundle {sha256} is not on the control plane", field="bundle")
-            if not resp.is_success:
-                raise error_for(resp, f"cannot download bundle {sha256}")
-            data = resp.content
+                return path
             await asyncio.to_thread(private_dir, path.parent)  # the cache is the worker's only
-            try:  # verified, then renamed into the cache whole (gpulayer.transfer)
-                await asyncio.to_thread(
-                    transfer.receive,
-                    [data],
+            resp = await self.call("GET", f"blobs/{sha256}", stream=True)
+            try:
+                if resp.status_code == 404:
+                    raise NotFound(f"bundle {sha256} is not on the control plane", field="bundle")
+                if not resp.is_success:
+                    raise error_for(resp, f"cannot download bundle {sha256}")
+                length = resp.headers.get("Content-Length", "")
+                expected = transfer.Digest(sha256, int(length)) if length.isdigit() else None
+                await transfer.areceive(
+                    resp.aiter_bytes(transfer.CHUNK_BYTES),
                     path,
-                    expected=transfer.Digest(sha256, len(data)),
+                    expected=expected,
                     what=f"bundle {sha256}",
                 )
-            except TransferError as e:
+            except (TransferError, httpx.TransportError) as e:
                 raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle") from e
-            return data
+            finally:
+                await resp.aclose()
+            if (
+                expected is None
+                and (await asyncio.to_thread(transfer.digest_file, path)).sha256 != sha256
+            ):
+                path.unlink(missing_ok=True)
+                raise ValidationError(f"bundle {sha256} arrived corrupt", field="bundle")
+            return path
 
 
 def retry_after(resp: httpx.Response) -> float:

@@ -105,8 +105,9 @@ class TaskDir:
             for name in (*dirnames, *filenames):
                 os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
 
-    def unpack(self, data: bytes) -> None:
-        """Unpack a source bundle into ``work/`` (blocking).
+    def unpack(self, data: bytes | Path) -> None:
+        """Unpack a source bundle (bytes, or a file read a block at a time) into
+        ``work/`` (blocking).
 
         Raises
         ------

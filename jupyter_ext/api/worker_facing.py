@@ -165,8 +165,16 @@ class BlobHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("worker")
     async def get(self, sha256: str) -> None:
-        """Send the blob's bytes."""
-        self.send_bytes(await self.gl.tasks.blob(self.who, sha256))
+        """Send the blob's bytes, a chunk at a time (memory bounded by the chunk, however
+        slow the worker reads), with its size and sha256 in the headers."""
+        size = await self.gl.tasks.blob_size(self.who, sha256)
+        self.set_header("X-Gpulayer-Sha256", sha256)
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(size))
+        async for chunk in self.gl.blobs.chunks(sha256):
+            self.write(chunk)
+            await self.flush()
+        self.finish()
 
 
 ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [

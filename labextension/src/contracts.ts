@@ -315,6 +315,7 @@ export interface IWorker {
   version: string;
   python: string;
   address: string | null;
+  rendezvous_ports: unknown[] | null;
   registered_at: string;
   last_heartbeat: string | null;
   running_tasks: string[];
