@@ -55,9 +55,7 @@ async def test_set_list_replace_delete_never_answer_the_value(gl_api, gl_data_di
     status, _ = await gl_api("secrets", "HF_TOKEN", method="DELETE", token=t["bob"])
     assert status == 404
     params = {"owner": "ada"}
-    status, _ = await gl_api(
-        "secrets", "HF_TOKEN", method="DELETE", params=params, token=t["bob"]
-    )
+    status, _ = await gl_api("secrets", "HF_TOKEN", method="DELETE", params=params, token=t["bob"])
     assert status == 404
     status, _ = await gl_api("secrets", "HF_TOKEN", method="DELETE", params=params)
     assert status == 204
