@@ -4,7 +4,8 @@ Pure text rules, no I/O (the secret service decides which values apply to a job;
 ``docs/secrets.md`` and docs/adr/0109 say why these rules):
 
 - every occurrence of a value is replaced by :data:`MASK`; so is its JSON-escaped
-  form (a cell's output travels as the JSON of a Jupyter message);
+  form; a cell's output (the JSON of a Jupyter message) has each string in it
+  masked line by line, as plain output is;
 - a value of several lines (a PEM key) is masked line by line: each of its lines
   of at least :data:`MIN_PART` characters, wherever it appears;
 - a value cut across two lines (a line over the worker's 64 KiB limit, a cell
@@ -59,9 +60,46 @@ class Masker:
             text = _mask_head(text, piece, start)
         return text
 
+    def mask_line(self, stream: str, text: str) -> str:
+        """One log line of ``stream``: a cell's message (``iopub``, the JSON of a
+        Jupyter message) has every string in it masked line by line, so a value cut
+        by a newline inside the message is masked as in plain output; a fragment of
+        a long message, or anything else, is masked as text."""
+        if self._pattern is None:
+            return text
+        if stream == "iopub" and not text.startswith(FRAGMENT):
+            try:
+                message = json.loads(text)
+            except ValueError:
+                return self.mask(text)
+            masked = self._mask_strings(message)
+            if masked != message:
+                return json.dumps(masked, ensure_ascii=False, separators=(",", ":"))
+            return self.mask(text)  # an escaped form (a quote or backslash in a value)
+        return self.mask(text)
+
+    def _mask_strings(self, value: object) -> object:
+        if isinstance(value, str):
+            return "".join(
+                self.mask(body) + ending
+                for line in value.splitlines(keepends=True) or [""]
+                for body, ending in [_cut_ending(line)]
+            )
+        if isinstance(value, list):
+            return [self._mask_strings(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._mask_strings(v) for k, v in value.items()}
+        return value
+
     def mask_optional(self, text: str | None) -> str | None:
         """:meth:`mask` for a text that may be missing."""
         return None if text is None else self.mask(text)
+
+
+def _cut_ending(line: str) -> tuple[str, str]:
+    """``line`` split into its text and its line ending."""
+    body = line.rstrip("\r\n")
+    return body, line[len(body) :]
 
 
 def _escaped(value: str) -> set[str]:

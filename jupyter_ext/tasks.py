@@ -77,7 +77,8 @@ class Tasks:
         task = await self.open_task(reporter, task_id, "logs")
         masker = await self._secrets.masker(task.job_id)
         lines = [
-            (e.stream.value, e.ts.timestamp(), masker.mask(e.text), e.rank) for e in batch.lines
+            (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
+            for e in batch.lines
         ]
         most = self._core.quotas.log_bytes_per_job
         over = (
