@@ -13,6 +13,7 @@ restart forgets what was handed: a value replaced while the job ran is then no
 longer masked in its output (docs/secrets.md).
 """
 
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer.contracts import JobSpec, Secret, SecretName, SetSecret
-from gpulayer.errors import NotFound, ValidationError
+from gpulayer.errors import NotFound, StorageError, ValidationError
 
 from .auth import Principal
 from .core import Core
@@ -168,20 +169,28 @@ class Secrets:
         return out
 
     async def for_task(self, job: JobRecord, spec: JobSpec) -> tuple[dict[str, str], list[str]]:
-        """The values a task of ``job`` gets, and the names that no longer exist; the
-        values are remembered for masking the job's output. A cell in a session gets
-        none: its kernel has the session's."""
+        """The values a task of ``job`` gets, and a line for each secret it does not
+        get (deleted, or sealed under another key); the values are remembered for
+        masking the job's output. A cell in a session gets none: its kernel has the
+        session's."""
         if not spec.secrets or spec.in_session:
             return {}, []
         rows = await self._usable(job.owner, spec.secrets)
-        values = {
-            n: await self._sealer.open(rows[n].owner, n, rows[n].sealed)
-            for n in spec.secrets
-            if n in rows
-        }
+        values: dict[str, str] = {}
+        notes = []
+        for name in spec.secrets:
+            if name not in rows:
+                notes.append(f"gpulayer: secret {name} no longer exists; this task starts"
+                             " without it")  # fmt: skip
+                continue
+            try:
+                values[name] = await self._sealer.open(rows[name].owner, name, rows[name].sealed)
+            except StorageError as e:  # one unreadable secret must not stall the worker
+                log.warning("job %s: %s", job.id, e.message)
+                notes.append(f"gpulayer: {e.message}; this task starts without it")
         _keep(self._handed, job.id, self._handed.get(job.id, frozenset()) | set(values.values()))
         self._masks.pop(job.id, None)
-        return values, [n for n in spec.secrets if n not in rows]
+        return values, notes
 
     async def masker(self, job_id: str) -> Masker:
         """What masks the output of ``job_id``: the values handed to its tasks and the
@@ -197,8 +206,9 @@ class Secrets:
         spec = self._core.spec(job)
         values = set(self._handed.get(job_id, ()))
         if spec.secrets and not spec.in_session:
-            rows = await self._usable(job.owner, spec.secrets)
-            values |= {await self._sealer.open(r.owner, r.name, r.sealed) for r in rows.values()}
+            for r in (await self._usable(job.owner, spec.secrets)).values():
+                with contextlib.suppress(StorageError):  # said when its task started
+                    values.add(await self._sealer.open(r.owner, r.name, r.sealed))
         if spec.in_session:
             session = (await self._sessions.active()).get((job.owner, spec.in_session))
             if session is not None:

@@ -324,9 +324,8 @@ class Workers:
             stmts.append(stmt)
         # The values travel in this answer only (over TLS off loopback): never stored in
         # clear, never in a read; the job's output is masked with them (secrets.py).
-        values, gone = await self._secrets.for_task(job, spec)
-        for name in gone:
-            text = f"gpulayer: secret {name} no longer exists; this task starts without it"
+        values, notes = await self._secrets.for_task(job, spec)
+        for text in notes:  # a secret deleted (or unreadable) since the submit
             stmts += append_system_line(job.id, task.id, now, text)
         return Assignment(
             task_id=task.id,

@@ -8,6 +8,7 @@ values through real workers.
 """
 
 import json
+import sqlite3
 import stat
 from datetime import UTC, datetime
 
@@ -244,3 +245,28 @@ def test_masking_rules():
     assert m.mask(f'~{VALUE[9:]}"}}') == f'~{MASK}"}}'
     assert m.mask("nothing here") == "nothing here"
     assert not Masker([]) and Masker([]).mask(VALUE) == VALUE
+
+
+async def test_a_sealed_value_copied_to_another_owners_row_does_not_open(gl_api, gl_data_dir):
+    t = await tenants(gl_api)
+    await set_secret(gl_api, t["ada"], "HF_TOKEN", VALUE)
+    await set_secret(gl_api, t["bob"], "HF_TOKEN", OTHER)
+    # someone who can write the database, but not read the key, moves ada's value to bob
+    with sqlite3.connect(gl_data_dir / "gpulayer.db") as db:
+        db.execute(
+            "UPDATE secrets SET sealed = (SELECT sealed FROM secrets WHERE owner = 'ada')"
+            " WHERE owner = 'bob'"
+        )
+    reg = await join(gl_api)
+    body = {"command": ["true"], "secrets": ["HF_TOKEN"]}
+    status, job = await gl_api("jobs", method="POST", token=t["bob"], json_body=body)
+    assert status == 201
+    status, got = await gl_api("workers", reg["worker_id"], "acquire", method="POST",
+                               params={"wait": "0"}, token=reg["token"])  # fmt: skip
+    assert status == 200  # the worker is not stalled by it
+    (a,) = got["assignments"]
+    assert a["secrets"] == {}
+    _, page = await gl_api("jobs", job["id"], "logs", token=t["bob"])
+    (line,) = [ln["text"] for ln in page["lines"]]
+    assert "secret 'HF_TOKEN' of 'bob' does not open with" in line, line
+    assert VALUE not in line and OTHER not in line
