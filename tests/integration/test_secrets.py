@@ -1,6 +1,7 @@
 """Secrets through a real control plane and real workers (issue 19, items 5 and 6).
 
-A command, a warm-runner function and a session kernel read a secret: what they
+A command, the ranks of a gang, a warm-runner function and a session kernel read
+a secret: what they
 print proves the value arrived (its sha256), and the value itself, printed whole
 and cut across two lines, shows masked. The value is then searched for, and never
 found, in every answer the test can reach as its owner, another submitter, a
@@ -74,12 +75,18 @@ def test_a_secret_reaches_only_its_task_and_never_shows(fresh_cluster, capsys):
             print("whole", value, flush=True)
             return hashlib.sha256(value.encode()).hexdigest()
 
+        gang = gl.submit(["python", "-c", PRINT], secrets=["HF_TOKEN"], nproc_per_node=2,
+                         launcher="direct", connection=ada)  # fmt: skip
         fn = gl.remote(call, secrets=["HF_TOKEN"], connection=ada)
         assert fn.run() == DIGEST
         cells.ensure_session(ada, "s", secrets=["HF_TOKEN"])
         cell = cells.submit(ada, PRINT, session="s")
         assert command.wait(timeout=120).state == "succeeded", command.logs()
         proves_and_masks(texts(ada, command.id))
+        assert gang.wait(timeout=120).state == "succeeded", gang.logs()
+        ranks = texts(ada, gang.id)
+        proves_and_masks(ranks)
+        assert sum(f"sha {DIGEST}" in t for t in ranks) == 2, ranks  # every rank got it
         cell.result()
         proves_and_masks(texts(ada, cell.id))
         fn_job = next(j for j in ada.jobs() if j.spec.kind == "function")
