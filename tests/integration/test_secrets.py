@@ -1,9 +1,8 @@
 """Secrets through a real control plane and real workers (issue 19, items 5 and 6).
 
 A command, the ranks of a gang, a warm-runner function and a session kernel read
-a secret: what they
-print proves the value arrived (its sha256), and the value itself, printed whole
-and cut across two lines, shows masked. The value is then searched for, and never
+a secret: what they print proves the value arrived (its sha256), and the value
+itself, printed whole and cut across two lines, shows masked. The value is then searched for, and never
 found, in every answer the test can reach as its owner, another submitter, a
 viewer and the admin (job, jobs, events, logs, explain, secrets, workers, health,
 Prometheus), in ``gpulayer logs``, in the control plane's and the worker's log
