@@ -13,14 +13,16 @@ decides which *things* it may touch there:
   name again takes that worker's own token (docs/adr/0070-worker-credentials.md);
 - everyone else who may call a route (``admin``, ``viewer``, the Jupyter user)
   sees everything there (a ``viewer`` is a read-only operator: the whole fleet,
-  every job; see ``docs/security.md``).
+  every job; see ``docs/security.md``), but a job's ``env`` *values* only for its
+  owner and admins: anyone else reads the keys with :data:`REDACTED` values
+  (:func:`shown`). Secrets never appear in a read at all (``secrets.py``).
 
 A ``viewer`` argument of ``None`` is the control plane itself (the sweep, tests).
 """
 
 from collections.abc import Iterable
 
-from gpulayer.contracts import Telemetry, Worker
+from gpulayer.contracts import Job, Telemetry, Worker
 from gpulayer.errors import Conflict, Forbidden, NotFound
 
 from .auth import Principal
@@ -64,6 +66,19 @@ def visible_jobs(
     seen = {j.id for j in jobs if may_see(viewer, j)}
     if missing := [i for i in job_ids if i not in seen]:
         raise NotFound(f"no job with id {missing[0]!r}", field="ids")
+
+
+#: What a job's ``env`` value reads as for anyone but its owner and admins.
+REDACTED = "***"
+
+
+def shown(viewer: Principal | None, job: Job) -> Job:
+    """``job`` as ``viewer`` may read it: its ``env`` values only for its owner and
+    admins (and the control plane itself); others see the keys, values redacted."""
+    if viewer is None or viewer.role == "admin" or viewer.name == job.owner or not job.spec.env:
+        return job
+    env = dict.fromkeys(job.spec.env, REDACTED)
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"env": env})})
 
 
 def listed_owner(viewer: Principal | None, asked: str | None) -> str | None:

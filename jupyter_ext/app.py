@@ -33,6 +33,7 @@ from .auth import LoginLimiter, TokenService
 from .control_plane import ControlPlane
 from .core import Quotas
 from .retention import Policy
+from .sealing import KEY_FILE
 from .store import Store
 from .streams import Notifier
 
@@ -258,6 +259,7 @@ class GpulayerApp(ExtensionApp):
                 max_bytes=self.retention_max_bytes,
                 blob_grace_seconds=self.blob_grace_seconds,
             ),
+            secret_key=data / KEY_FILE,
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)

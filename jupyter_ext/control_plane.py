@@ -5,7 +5,8 @@ service its collaborators through its constructor (nothing here has logic of its
 own)::
 
     Core ◀── Sessions ◀── Placer ◀── Jobs, Tasks, Workers ◀── Leases
-                    ▲                  ▲
+                    ▲  ▲               ▲  (Jobs, Tasks, Workers also take Secrets)
+                    │  └─ Secrets      │
                     └─ SessionService ─┘   TrainingMetrics (Jobs, Tasks)
                                            Retention (Core: deletes, garbage collection)
 
@@ -15,6 +16,7 @@ their own on a temporary store with an injected clock.
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 
@@ -26,6 +28,8 @@ from .leases import Leases
 from .placer import Placer
 from .prometheus import Instruments
 from .retention import Policy, Retention
+from .sealing import KEY_FILE, Sealer
+from .secrets import Secrets
 from .sessions import Sessions, SessionService
 from .store import Store
 from .streams import Notifier
@@ -54,6 +58,7 @@ class ControlPlane:
         quotas: Quotas | None = None,
         idempotency_seconds: float = 86400.0,
         retention: Policy | None = None,
+        secret_key: Path | None = None,
     ) -> None:
         settings = Settings(
             heartbeat_seconds,
@@ -75,10 +80,13 @@ class ControlPlane:
         self.store, self.blobs, self.notifier, self.tokens = store, blobs, notifier, tokens
         self.sessions = Sessions(core)
         self.placer = Placer(core, self.sessions)
-        self.jobs = Jobs(core, self.sessions, self.placer)
+        # The key lives in the data dir (next to the database unless told otherwise).
+        sealer = Sealer(secret_key or Path(store.path).parent / KEY_FILE)
+        self.secrets = Secrets(core, self.sessions, sealer)
+        self.jobs = Jobs(core, self.sessions, self.placer, self.secrets)
         self.session_service = SessionService(core, self.sessions, self.jobs)
-        self.tasks = Tasks(core, self.sessions, self.placer)
-        self.workers = Workers(core, self.placer, tokens)
+        self.tasks = Tasks(core, self.sessions, self.placer, self.secrets)
+        self.workers = Workers(core, self.placer, tokens, self.secrets)
         self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
         self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
         self.retention = Retention(core, retention)

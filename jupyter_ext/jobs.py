@@ -43,6 +43,7 @@ from . import access, gangs
 from .auth import Principal
 from .core import Core, new_id
 from .placer import Placer
+from .secrets import Secrets
 from .sessions import Sessions
 from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement
 from .store.writes import insert_idempotency_key
@@ -70,10 +71,11 @@ class Submitted:
 class Jobs:
     """Submit, cancel, interrupt and read jobs."""
 
-    def __init__(self, core: Core, sessions: Sessions, placer: Placer) -> None:
+    def __init__(self, core: Core, sessions: Sessions, placer: Placer, secrets: Secrets) -> None:
         self._core = core
         self._sessions = sessions
         self._placer = placer
+        self._secrets = secrets
         self._pruned_at = 0.0
 
     async def visible(self, job_id: str, viewer: Principal | None) -> JobRecord:
@@ -172,6 +174,7 @@ class Jobs:
             await self._check_blobs(spec, viewer)
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
             await self._sessions.check(specs, owner)
+        await self._secrets.check(specs, owner)
         now = core.clock()
         ids = [new_id() for _ in specs]
         stmts: list[Statement] = []
@@ -191,7 +194,7 @@ class Jobs:
             log.exception("placement after submitting %s failed", ids[0])
         if len(ids) == 1:
             return [await self.get(ids[0], viewer)]
-        return await self.by_ids(ids)
+        return await self.by_ids(ids, viewer=viewer)
 
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
         """Record that ``uploader`` stored blob ``sha256`` (so its jobs may name it)."""
@@ -229,11 +232,22 @@ class Jobs:
 
     # --------------------------------------------------------------- reads
 
-    async def by_ids(self, job_ids: Sequence[str], *, with_results: bool = False) -> list[Job]:
-        """Several jobs (without tasks or pending reasons), in the order of ``job_ids``."""
+    async def by_ids(
+        self,
+        job_ids: Sequence[str],
+        *,
+        with_results: bool = False,
+        viewer: Principal | None = None,
+    ) -> list[Job]:
+        """Several jobs (without tasks or pending reasons), in the order of ``job_ids``,
+        as ``viewer`` may read them (``env`` values only for their owner and admins)."""
         rows = {r.id: r for r in await self._core.store.jobs_by_ids(job_ids)}
         names = await self._core.fleet.all_names()
-        jobs = [rows[i].model([], names, self._core.spec(rows[i])) for i in job_ids if i in rows]
+        jobs = [
+            access.shown(viewer, rows[i].model([], names, self._core.spec(rows[i])))
+            for i in job_ids
+            if i in rows
+        ]
         if with_results:
             results = await self._core.store.results([j.id for j in jobs])
             for j in jobs:
@@ -243,12 +257,13 @@ class Jobs:
     async def get(
         self, job_id: str, viewer: Principal | None = None, *, with_result: bool = True
     ) -> Job:
-        """A job with its tasks, a small result (and, while queued, why it waits)."""
+        """A job with its tasks, a small result (and, while queued, why it waits); its
+        ``env`` values only for its owner and admins."""
         core = self._core
         row = await self.visible(job_id, viewer)
         tasks = await core.store.tasks_of_job(job_id)
         names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
-        job = row.model(tasks, names, core.spec(row))
+        job = access.shown(viewer, row.model(tasks, names, core.spec(row)))
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
         if job.state == JobState.queued:
@@ -273,7 +288,7 @@ class Jobs:
         rows = await self._core.store.list_jobs(state, limit, owner)
         names = await self._core.fleet.all_names()
         never = await self._placer.never_placeable(rows)
-        jobs = [r.model([], names, self._core.spec(r)) for r in rows]
+        jobs = [access.shown(viewer, r.model([], names, self._core.spec(r))) for r in rows]
         for job in jobs:
             if job.id in never:  # said in the list too, not only in the job's own answer
                 job.reason, job.unsatisfiable = never[job.id], True
@@ -326,7 +341,7 @@ class Jobs:
 
         async def ended() -> Job | None:
             row = await self._core.store.get_job(job_id)
-            return await self.get(job_id) if row is not None and row.ended else None
+            return await self.get(job_id, viewer) if row is not None and row.ended else None
 
         return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)
 
@@ -341,7 +356,7 @@ class Jobs:
         async def ended() -> list[Job] | None:
             rows = await self._core.store.jobs_by_ids(unique)
             done = [r.id for r in rows if r.ended]
-            return await self.by_ids(done, with_results=True) if done else None
+            return await self.by_ids(done, with_results=True, viewer=viewer) if done else None
 
         return await self._core.notifier.wait_for([job_key(i) for i in unique], ended, timeout)
 
@@ -450,7 +465,7 @@ class Jobs:
         core.mailbox.interrupt(task.worker_id, task.id)
         core.notify_worker(task.worker_id)
         log.info("job %s: interrupt requested", job_id)
-        return await self.get(job_id)
+        return await self.get(job_id, viewer)
 
 
 def _attach(job: Job, row: ResultRecord | None) -> None:

@@ -228,6 +228,7 @@ class Sessions:
             started_at=as_optional_datetime(row.started_at),
             last_activity=as_optional_datetime(last) if running else None,
             cells=self._cells_run.get(row.id, 0),
+            secrets=list(spec.secrets),
         )
 
     async def find(
@@ -279,6 +280,7 @@ class SessionService:
                 "env": req.env,
                 "labels": req.labels,
                 "api_access": req.api_access,
+                "secrets": req.secrets,
             }
         )
         job = await self._jobs.submit(spec, owner)

@@ -33,6 +33,7 @@ from .artifacts import BlobUpload
 from .auth import Principal
 from .core import Core
 from .placer import Placer
+from .secrets import Secrets
 from .sessions import Sessions
 from .store import ArtifactRecord, Statement, TaskRecord
 from .store.writes import put_result
@@ -44,10 +45,11 @@ log = logging.getLogger(__name__)
 class Tasks:
     """Take in what workers report about their tasks."""
 
-    def __init__(self, core: Core, sessions: Sessions, placer: Placer) -> None:
+    def __init__(self, core: Core, sessions: Sessions, placer: Placer, secrets: Secrets) -> None:
         self._core = core
         self._sessions = sessions
         self._placer = placer
+        self._secrets = secrets
 
     async def reporting(self, reporter: Principal | None, task_id: str) -> TaskRecord:
         """The task, if ``reporter`` may report on it."""
@@ -71,9 +73,14 @@ class Tasks:
     async def append_logs(
         self, reporter: Principal | None, task_id: str, batch: LogBatch
     ) -> LogAck:
-        """Store a worker's log batch (lines it already sent are ignored)."""
+        """Store a worker's log batch (lines it already sent are ignored), with the
+        values of the job's secrets masked (whatever the worker did)."""
         task = await self.open_task(reporter, task_id, "logs")
-        lines = [(e.stream.value, e.ts.timestamp(), e.text, e.rank) for e in batch.lines]
+        masker = await self._secrets.masker(task.job_id)
+        lines = [
+            (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
+            for e in batch.lines
+        ]
         most = self._core.quotas.log_bytes_per_job
         over = (
             f"gpulayer: this job's log reached its limit of {most} bytes"
@@ -124,6 +131,9 @@ class Tasks:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
         task = await self.current(reporter, task_id)
+        if done.reason is not None:  # it lands in the job's reason and events
+            masker = await self._secrets.masker(task.job_id)
+            done = done.model_copy(update={"reason": masker.mask(done.reason)})
         if not task.ended:
             async with core.lock:
                 task = await core.task(task_id)

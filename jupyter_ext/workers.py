@@ -18,6 +18,8 @@ before that answer arrived, however late it comes, loses nothing.
 import logging
 from collections.abc import Sequence
 
+from pydantic import SecretStr
+
 from gpulayer.contracts import (
     Acquired,
     Assignment,
@@ -36,8 +38,9 @@ from . import access, gangs
 from .auth import Principal, TokenService
 from .core import Core, new_id
 from .placer import Placer
+from .secrets import Secrets
 from .store import Statement, TaskRecord, WorkerRecord
-from .store.writes import delete_worker
+from .store.writes import append_system_line, delete_worker
 from .streams import worker_key
 from .transitions import started, unplaced
 
@@ -51,10 +54,11 @@ _INFO = {"cpus", "memory_bytes", "devices", "labels", "slots", "version", "pytho
 class Workers:
     """Admit workers, hear their heartbeats, hand them work."""
 
-    def __init__(self, core: Core, placer: Placer, tokens: TokenService) -> None:
+    def __init__(self, core: Core, placer: Placer, tokens: TokenService, secrets: Secrets) -> None:
         self._core = core
         self._placer = placer
         self._tokens = tokens
+        self._secrets = secrets
         self._last_seq = 0  # the newest Acquired.seq handed out
 
     async def all(self, viewer: Principal | None = None) -> list[Worker]:
@@ -319,6 +323,11 @@ class Workers:
         if spec.api_access and spec.in_session is None:
             api_token, stmt = self._tokens.for_task(job.owner, task.id)
             stmts.append(stmt)
+        # The values travel in this answer only (over TLS off loopback): never stored in
+        # clear, never in a read; the job's output is masked with them (secrets.py).
+        values, notes = await self._secrets.for_task(job, spec)
+        for text in notes:  # a secret deleted (or unreadable) since the submit
+            stmts += append_system_line(job.id, task.id, now, text)
         return Assignment(
             task_id=task.id,
             job_id=task.job_id,
@@ -328,6 +337,7 @@ class Workers:
             gang=gangs.gang_of(task),
             api_token=api_token,
             owner=job.owner,
+            secrets={k: SecretStr(v) for k, v in values.items()},
         )
 
     # --------------------------------------------------------------- drain

@@ -16,7 +16,7 @@ from gpulayer.notebook.progress import transfer_progress
 
 #: ``gpulayer submit``'s options: every resource, job and gang option.
 SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
-_FLAGS = {"labels": "--label"}
+_FLAGS = {"labels": "--label", "secrets": "--secret"}
 
 
 def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:

@@ -90,12 +90,21 @@ def ensure_session(
     *,
     idle_timeout: str | float | None = None,
     api_access: bool = False,
+    secrets: Sequence[str] = (),
     **resources: Any,
 ) -> contracts.Session:
     """The session ``name``, started with ``resources`` when it does not exist yet
-    (``api_access``: its kernel may call gpulayer, see ``JobSpec.api_access``)."""
+    (``api_access``: its kernel may call gpulayer, see ``JobSpec.api_access``;
+    ``secrets``: the kernel gets them in its environment).
+
+    Raises
+    ------
+    ValidationError
+        When the session runs already without one of ``secrets`` (a kernel's
+        environment is set when it starts).
+    """
     try:
-        return conn.session(name)
+        return _with_secrets(conn.session(name), secrets)
     except errors.NotFound:
         pass
     specs.check(resources, specs.RESOURCE_OPTIONS, "a session")
@@ -105,11 +114,24 @@ def ensure_session(
         resources=specs.resources(resources),
         idle_timeout=idle_timeout,
         api_access=api_access,
+        secrets=list(secrets),
     )
     try:
         return conn.create_session(req)
     except errors.Conflict:  # someone started it in between
-        return conn.session(name)
+        return _with_secrets(conn.session(name), secrets)
+
+
+def _with_secrets(session: contracts.Session, secrets: Sequence[str]) -> contracts.Session:
+    """``session`` if its kernel has every one of ``secrets``."""
+    if missing := [n for n in secrets if n not in session.secrets]:
+        raise errors.ValidationError(
+            f"session {session.name!r} runs without secret {missing[0]}; its kernel's"
+            f" environment was set when it started: end it (%gpulayer end {session.name})"
+            " and start it again with --secret",
+            field="secrets",
+        )
+    return session
 
 
 # -------------------------------------------------------------------- cells
@@ -126,6 +148,7 @@ def cell_spec(
     name: str | None = None,
     api_access: bool = False,
     queue_timeout: str | float | None = None,
+    secrets: Sequence[str] = (),
     **resources: Any,
 ) -> contracts.JobSpec:
     """The job of one cell; pushed variables go inline when small, else as a blob
@@ -155,6 +178,8 @@ def cell_spec(
         timeout=timeout,
         queue_timeout=queue_timeout,
         api_access=api_access,
+        # In a session the kernel has the session's secrets (ensure_session checks).
+        secrets=list(secrets) if session is None else [],
         resources=specs.resources(resources) if session is None else {},
     )
 

@@ -668,6 +668,37 @@ class Connection:
         """``GET workers``: every known worker with its devices and state."""
         return self._parse(self._request("GET", "workers"), contracts.WorkerList).workers
 
+    def set_secret(self, name: str, value: str) -> contracts.Secret:
+        """``PUT secrets/{name}``: store your secret ``name`` (a new value replaces the
+        old one for tasks that start from now on); the answer never holds the value."""
+        try:
+            req = contracts.SetSecret.model_validate({"value": value})
+        except PydanticValidationError as e:  # the value is never in the message
+            raise pydantic_to_gpulayer(e) from None
+        resp = self._request("PUT", f"secrets/{_seg(name)}", json_model=req, expect=(200, 201))
+        return self._parse(resp, contracts.Secret)
+
+    def secrets(self) -> list[contracts.Secret]:
+        """``GET secrets``: the secrets you may name (an admin: every owner's), never values."""
+        return self._parse(self._request("GET", "secrets"), contracts.SecretList).secrets
+
+    def delete_secret(self, name: str, owner: str | None = None) -> None:
+        """``DELETE secrets/{name}``: forget your secret (an admin: ``owner``'s)."""
+        params = {"owner": owner} if owner else None
+        self._request("DELETE", f"secrets/{_seg(name)}", params=params, expect=(204,))
+
+    def share_secret(
+        self, name: str, with_owner: str, owner: str | None = None, *, share: bool = True
+    ) -> None:
+        """``PUT``/``DELETE secrets/{name}/shares/{with_owner}`` (admin): let
+        ``with_owner``'s jobs name the secret (your own, or ``owner``'s), or stop that."""
+        path = f"secrets/{_seg(name)}/shares/{_seg(with_owner)}"
+        params = {"owner": owner} if owner else None
+        if share:
+            self._request("PUT", path, params=params)
+        else:
+            self._request("DELETE", path, params=params, expect=(204,))
+
 
 def new_idempotency_key() -> str:
     """A fresh key for one logical submit (random, so never reused by accident)."""

@@ -241,7 +241,12 @@ def submit(
     name, labels, priority
         How the job is listed and ordered (default priority 0).
     env
-        Extra environment variables for the process.
+        Extra environment variables for the process (their values are shown only to
+        you and admins).
+    secrets
+        Names of your secrets (``gpulayer secret set NAME``) the process gets as
+        environment variables of those names; their values never appear in a read,
+        and printed ones show as ``***`` in the log (``docs/secrets.md``).
     workdir
         A local directory packed, uploaded and unpacked as the task's cwd. It is
         packed into a temporary file (memory bounded) and refused, naming its

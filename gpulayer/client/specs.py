@@ -25,6 +25,7 @@ RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
 #: The job fields a caller sets beside the program.
 JOB_OPTIONS: tuple[str, ...] = (
     "name", "env", "labels", "priority", "timeout", "retries", "api_access", "queue_timeout",
+    "secrets",
 )  # fmt: skip
 #: A distributed job (a gang of ``nodes`` x ``nproc_per_node``).
 GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
@@ -32,6 +33,9 @@ GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
 _M = TypeVar("_M", bound=BaseModel)
 _RESOURCE_DEFAULTS = {k: contracts.Resources.model_fields[k].default for k in ("gpus", "cpus")}
 _MAPPINGS = frozenset({"selector", "env", "labels"})
+_LISTS = frozenset({"secrets"})
+#: Options whose repeatable flag is singular (``--secret A --secret B``).
+_SINGULAR = {"secrets": "--secret"}
 
 
 class ResourceOptions(TypedDict, total=False):
@@ -61,6 +65,7 @@ class JobOptions(ResourceOptions, total=False):
     priority: int
     api_access: bool
     queue_timeout: str | float | None
+    secrets: typing.Sequence[str] | None
     nodes: int
     nproc_per_node: int
     launcher: str
@@ -122,6 +127,8 @@ def job_fields(options: Mapping[str, Any]) -> dict[str, Any]:
         v = options.get(k)
         if k in _MAPPINGS:
             out[k] = dict(v or {})
+        elif k in _LISTS:
+            out[k] = list(v or [])
         elif v is not None:
             out[k] = v
     return out
@@ -198,6 +205,11 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "nodes": {"metavar": "N", "help": "distributed: nodes, one task per worker, started together"},
     "nproc_per_node": {"metavar": "N"},
     "launcher": {"help": "distributed: torchrun, or gpulayer starting the ranks itself"},
+    "secrets": {
+        "action": "append", "default": [], "metavar": "NAME",
+        "help": "a secret of yours the task gets as environment variable NAME (repeatable;"
+        " `gpulayer secret set NAME` stores it)",
+    },
     "api_access": {
         "action": "store_true",
         "help": "the task may call gpulayer itself (nested submits): it gets a token of"
@@ -231,7 +243,7 @@ def argument(name: str, flag: str | None = None, **override: Any) -> tuple[str, 
             kwargs["type"] = plain[0]
     kwargs.update(_FLAGS.get(name, {}))
     kwargs.update(override)
-    flag = flag or "--" + name.replace("_", "-")
+    flag = flag or _SINGULAR.get(name) or "--" + name.replace("_", "-")
     return flag, {k: v for k, v in kwargs.items() if v is not None}
 
 

@@ -14,7 +14,8 @@ The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
 :mod:`~gpulayer.contracts.tasks` (the worker's task hand-off),
 :mod:`~gpulayer.contracts.placement`, :mod:`~gpulayer.contracts.sessions`,
 :mod:`~gpulayer.contracts.storage` (garbage collection),
-:mod:`~gpulayer.contracts.tokens` and :mod:`~gpulayer.contracts.server` (health,
+:mod:`~gpulayer.contracts.tokens`, :mod:`~gpulayer.contracts.secrets` and
+:mod:`~gpulayer.contracts.server` (health,
 errors); :mod:`~gpulayer.contracts.base` holds what they share.
 
 The routes (all under :data:`API_PREFIX`) and which model each takes and answers
@@ -64,6 +65,14 @@ from .resources import (
     compute_capability_tuple,
     gpu_model_matcher,
 )
+from .secrets import (
+    MAX_SECRET_CHARS,
+    MIN_SECRET_CHARS,
+    Secret,
+    SecretList,
+    SecretName,
+    SetSecret,
+)
 from .server import ErrorBody, Health
 from .sessions import CreateSession, Session, SessionList
 from .storage import GcReport, GcRequest
@@ -101,6 +110,8 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "FRAGMENT",
     "INLINE_BYTES",
+    "MAX_SECRET_CHARS",
+    "MIN_SECRET_CHARS",
     "PROFILES",
     "STORED",
     "TERMINAL_STATES",
@@ -154,9 +165,13 @@ __all__ = [
     "Registered",
     "Resources",
     "Role",
+    "Secret",
+    "SecretList",
+    "SecretName",
     "Session",
     "SessionList",
     "SessionSpec",
+    "SetSecret",
     "Sha256",
     "StoredMetricPoint",
     "Task",

@@ -22,6 +22,7 @@ from .base import (
     plain_text,
 )
 from .resources import Resources
+from .secrets import SecretNames
 
 
 class JobState(enum.StrEnum):
@@ -180,11 +181,23 @@ class JobSpec(RequestModel):
         description="longest wait in the queue, e.g. '10m': a job not started by then ends"
         " timed_out, its reason naming why it waited (default: no limit)",
     )
+    secrets: SecretNames = Field(
+        default=[],
+        max_length=64,
+        description="names of the owner's secrets the task gets as environment variables"
+        " (values never appear in a read; docs/secrets.md)",
+    )
 
     @property
     def world_size(self) -> int:
         """Processes of a distributed job in all (1 for other kinds)."""
         return self.nodes * self.nproc_per_node
+
+    @model_validator(mode="after")
+    def _secrets_apart_from_env(self) -> "JobSpec":
+        if both := sorted(set(self.secrets) & set(self.env)):
+            raise ValueError(f"{both[0]!r} is both in 'env' and in 'secrets'; name it once")
+        return self
 
     @model_validator(mode="after")
     def _one_program(self) -> "JobSpec":

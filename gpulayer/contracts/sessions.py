@@ -17,6 +17,7 @@ from .base import (
 )
 from .jobs import JobState
 from .resources import Resources
+from .secrets import SecretNames
 
 
 class CreateSession(RequestModel):
@@ -32,6 +33,9 @@ class CreateSession(RequestModel):
         default=False,
         description="the kernel may call gpulayer: a token of the owner (submitter at most)"
         " for as long as the session runs",
+    )
+    secrets: SecretNames = Field(
+        default=[], max_length=64, description="the owner's secrets the kernel gets in its env"
     )
 
 
@@ -51,6 +55,7 @@ class Session(DocumentModel):
     started_at: datetime | None = None
     last_activity: datetime | None = Field(default=None, description="when the last cell ended")
     cells: int = Field(default=0, description="cells run in it so far")
+    secrets: list[str] = Field(default=[], description="the secrets its kernel has (names)")
 
 
 class SessionList(DocumentModel):

@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, SecretStr, StringConstraints, field_serializer
 
 from .base import API_VERSION, BASE64_BYTES, INLINE_BYTES, DocumentModel, RequestModel, Sha256
 from .jobs import JobSpec
@@ -43,6 +43,19 @@ class Assignment(DocumentModel):
         description="the job's owner: a worker keeps function runners and session kernels"
         " per owner, never shared",
     )
+    secrets: dict[str, SecretStr] = Field(
+        default={},
+        description="the values of the secrets the job names, by name: for this task's"
+        " environment only (repr never shows them)",
+    )
+
+    @field_serializer("secrets", when_used="json")
+    def _reveal(self, secrets: dict[str, SecretStr]) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in secrets.items()}
+
+    def secret_env(self) -> dict[str, str]:
+        """The secrets as environment variables."""
+        return {k: v.get_secret_value() for k, v in self.secrets.items()}
 
 
 class Acquired(DocumentModel):

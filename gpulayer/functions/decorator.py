@@ -77,6 +77,9 @@ def remote(fn: Callable[P, R] | None = None, /, **options: Any) -> Any:
         Also retry when the function raises (default: an exception is the answer).
     name, env, labels, priority
         Of each call's job; ``name`` defaults to the function's name.
+    secrets
+        Names of your secrets each call gets as environment variables (a warm
+        runner started with them serves only calls given the same values).
     nodes, nproc_per_node, launcher
         Make each call a distributed job: a gang of ``nodes`` workers (the
         resources are per node) with ``nproc_per_node`` processes each, placed all

@@ -10,7 +10,7 @@ The cell magic::
 
     %%gpulayer [--gpus N] [--gpu-memory 24GiB] [--worker NAME] [--session NAME]
                [--idle-timeout 30m] [--timeout 10m] [--queue-timeout 10m] [--push a,b]
-               [--pull c,d] [--no-wait] [--api-access]
+               [--pull c,d] [--no-wait] [--api-access] [--secret NAME ...]
 
 runs the cell in a headless kernel on a worker: a fresh one, or with
 ``--session NAME`` the session's persistent kernel (started on first use with
@@ -27,6 +27,10 @@ when the reason changes); ``--queue-timeout`` ends it ``timed_out`` if no worker
 started it in time. ``--api-access`` lets the remote kernel call
 gpulayer itself (``gl.connect()`` there connects as you, role ``submitter`` at
 most, while it runs); with ``--session`` it applies when the cell starts the session.
+``--secret NAME`` (repeatable) gives the remote kernel your secret ``NAME`` as an
+environment variable (``gpulayer secret set NAME`` stores it; printed, it shows as
+``***``); with ``--session`` the session's kernel gets it when this cell starts the
+session, and naming a secret a running session lacks is an error.
 
 With ``--nodes N`` / ``--nproc-per-node M`` (and ``--launcher direct``) the cell
 is a distributed job instead: its source runs as a script (``__name__ ==
@@ -107,6 +111,8 @@ class GpulayerMagics(Magics):
     @argument("--no-wait", action="store_true", help="return the Job at once")
     @_option("api_access", help="the remote kernel may call gpulayer (with --session: the"
              " session's kernel, when this cell starts it)")  # fmt: skip
+    @_option("secrets", help="a secret of yours the kernel gets as env variable NAME"
+             " (repeatable; with --session: when this cell starts it)")  # fmt: skip
     @_option("nodes", default=None, help="distributed: run the cell on N workers at once")
     @_option("nproc_per_node", default=None, metavar="M")
     @_option("launcher", default=None, help="distributed: how ranks start")
@@ -153,13 +159,13 @@ class GpulayerMagics(Magics):
             if args.session:
                 cells.ensure_session(
                     conn, args.session, idle_timeout=args.idle_timeout,
-                    api_access=args.api_access, **resources,
+                    api_access=args.api_access, secrets=args.secrets, **resources,
                 )  # fmt: skip
                 resources = {}
             run = cells.submit(
                 conn, source, session=args.session, push={n: ns[n] for n in push},
                 pull=pull, timeout=timeout, queue_timeout=queue_timeout,
-                api_access=args.api_access, **resources,
+                api_access=args.api_access, secrets=args.secrets, **resources,
             )  # fmt: skip
         except errors.ValidationError as e:
             raise UsageError(e.message) from e
@@ -192,7 +198,8 @@ class GpulayerMagics(Magics):
         try:
             fn = remote(
                 run_source, name="cell", launcher=args.launcher or "torchrun",
-                timeout=timeout, api_access=args.api_access, connection=conn,
+                timeout=timeout, api_access=args.api_access, secrets=args.secrets,
+                connection=conn,
                 **gang, **resources,
             )  # fmt: skip
             if args.no_wait:

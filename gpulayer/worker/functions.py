@@ -86,8 +86,9 @@ class RunnerDied(Exception):
 
 
 def key_for(assignment: c.Assignment) -> Key:
-    """The pool key of a task: its job's owner, GPU reservation and env."""
-    env = tuple(sorted(assignment.spec.env.items()))
+    """The pool key of a task: its job's owner, GPU reservation and env (its secrets
+    included: a runner started with a secret serves only calls given the same value)."""
+    env = tuple(sorted({**assignment.spec.env, **assignment.secret_env()}.items()))
     return assignment.owner, tuple(assignment.gpu_indices), env
 
 

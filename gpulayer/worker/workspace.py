@@ -263,10 +263,11 @@ def task_env(
     control_plane: ControlPlaneAddress | None = None,
 ) -> dict[str, str]:
     """The environment of a task's process: ``base`` (default ``os.environ``) without
-    credentials, then the job's ``env``, then the variables gpulayer guarantees, which a
-    job cannot override."""
+    credentials, then the job's ``env`` and secrets, then the variables gpulayer
+    guarantees, which a job cannot override."""
     env = inherited_env(base)
     env.update(assignment.spec.env)
+    env.update(assignment.secret_env())  # the job's secrets (docs/secrets.md)
     keep_fence_mark(env, os.environ if base is None else base)
     env.update(task_vars(assignment, artifacts, control_plane), PYTHONUNBUFFERED="1")
     # The reservation, for every vendor's runtime (a job cannot widen it).

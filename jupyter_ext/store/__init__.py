@@ -3,7 +3,8 @@
 :class:`Store` is one aiosqlite connection (``db.py``) with the queries of each
 concern mixed in: jobs and tasks (``jobs.py``), task outputs (log lines and
 metric points, ``outputs.py``), workers (``workers.py``), tokens
-(``tokens.py``) and deleting finished jobs (``retention.py``). Reads answer
+(``tokens.py``), secrets (sealed values, ``secrets.py``) and deleting finished
+jobs (``retention.py``). Reads answer
 frozen records (``records.py``); the statements that change jobs and tasks are
 built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
 :meth:`Store.apply` in one transaction. The schema and its migrations are in
@@ -29,6 +30,7 @@ from .records import (
 )
 from .retention import RetentionQueries
 from .schema import SCHEMA_VERSION
+from .secrets import SecretQueries, SecretRecord
 from .tokens import TokenQueries
 from .workers import WorkerQueries
 from .writes import Statement
@@ -43,6 +45,7 @@ __all__ = [
     "JobRecord",
     "MetricRecord",
     "ResultRecord",
+    "SecretRecord",
     "Statement",
     "Store",
     "TaskRecord",
@@ -53,7 +56,9 @@ __all__ = [
 ]
 
 
-class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries):
+class Store(
+    JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries, SecretQueries
+):
     """Async access to the gpulayer database.
 
     Methods are small and named for what the services need; each write commits

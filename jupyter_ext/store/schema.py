@@ -171,9 +171,24 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);
 """
 
+# v10: secrets (docs/secrets.md): each owner's values sealed with the data dir's key
+# (AES-GCM, owner and name as associated data), and the owners an admin shared one with.
+_SCHEMA_V10 = """
+CREATE TABLE IF NOT EXISTS secrets (
+    owner       TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    sealed      BLOB NOT NULL,
+    shared_with TEXT NOT NULL DEFAULT '[]',
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL,
+    PRIMARY KEY (owner, name)
+);
+CREATE INDEX IF NOT EXISTS secrets_by_name ON secrets (name);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8, _SCHEMA_V9,
+    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

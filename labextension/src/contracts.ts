@@ -168,6 +168,8 @@ export interface IJobSpec {
   api_access: boolean;
   /** longest wait in the queue, e.g. '10m': a job not started by then ends timed_out, its reason naming why it waited (default: no limit) */
   queue_timeout: number | null;
+  /** names of the owner's secrets the task gets as environment variables (values never appear in a read; docs/secrets.md) */
+  secrets: string[];
 }
 
 /** Life cycle of a job (and of each of its tasks). */

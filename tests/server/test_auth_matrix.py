@@ -19,6 +19,7 @@ import pytest
 
 from jupyter_ext import app
 from jupyter_ext.api import base, health, jobs, prometheus, sessions, storage, tokens, training
+from jupyter_ext.api import secrets as SE
 from jupyter_ext.api import worker_facing as W
 from jupyter_ext.api import workers as WK
 
@@ -178,6 +179,14 @@ async def _name(ctx: Ctx) -> dict[str, Any]:
     return {"name": fresh_name("n")}
 
 
+async def _secret(ctx: Ctx) -> dict[str, Any]:
+    name = fresh_name("SECRET_")
+    status, got = await ctx.as_("submitter", "secrets", name, method="PUT",
+                                json_body={"value": "matrix-value"})  # fmt: skip
+    assert status == 201, got
+    return {"secret": name}
+
+
 JOB = lambda c, f: ("jobs", c.job_id)  # noqa: E731
 T, M = tokens, training
 
@@ -314,6 +323,19 @@ MATRIX: dict[type, dict[str, Case]] = {
     },
     T.TokenHandler: {
         "delete": Case(lambda c, f: ("tokens", f["name"]), {"admin": 204}, fresh=_token),
+    },
+    SE.SecretsHandler: {"get": Case(lambda c, f: ("secrets",), _read())},
+    SE.SecretHandler: {
+        "put": Case(lambda c, f: ("secrets", f["name"].upper()), {"admin": 201, "submitter": 201},
+                    body=lambda c, f: {"value": "matrix-value"}, fresh=_name),
+        "delete": Case(lambda c, f: ("secrets", f["secret"]), {"admin": 204, "submitter": 204},
+                       params={"owner": SUBMITTER}, fresh=_secret),
+    },
+    SE.SecretShareHandler: {
+        "put": Case(lambda c, f: ("secrets", f["secret"], "shares", "someone"), {"admin": 200},
+                    params={"owner": SUBMITTER}, fresh=_secret),
+        "delete": Case(lambda c, f: ("secrets", f["secret"], "shares", "someone"),
+                       {"admin": 204}, params={"owner": SUBMITTER}, fresh=_secret),
     },
     prometheus.MetricsHandler: {
         "get": Case(lambda c, f: ("metrics",), {"admin": 200, "viewer": 200},
