@@ -43,6 +43,7 @@ from . import access, gangs
 from .auth import Principal
 from .core import Core, new_id
 from .placer import Placer
+from .provisioning import job_cost
 from .sessions import Sessions
 from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement
 from .store.writes import insert_idempotency_key
@@ -251,6 +252,9 @@ class Jobs:
         job = row.model(tasks, names, core.spec(row))
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
+        job.provisioning = core.board.queued_note(job.id, job.state)
+        if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
+            job.cost = job_cost(spans, core.clock())
         if job.state == JobState.queued:
             report, behind = await self._placer.queued_report(row, viewer)
             reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
@@ -271,7 +275,13 @@ class Jobs:
         owner = access.listed_owner(viewer, owner)
         rows = await self._core.store.list_jobs(state, limit, owner)
         names = await self._core.fleet.all_names()
-        return [r.model([], names, self._core.spec(r)) for r in rows]
+        board = self._core.board
+        return [
+            r.model([], names, self._core.spec(r)).model_copy(
+                update={"provisioning": board.queued_note(r.id, r.state)}
+            )
+            for r in rows
+        ]
 
     async def active_count(self) -> int:
         """How many jobs have not ended (queued, scheduled or running)."""

@@ -9,6 +9,7 @@ from . import (
     health,
     jobs,
     prometheus,
+    providers,
     sessions,
     storage,
     tokens,
@@ -28,6 +29,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = (
     + tokens.ROUTES
     + training.ROUTES
     + storage.ROUTES
+    + providers.ROUTES
 )
 #: Routes beside the API (relative to ``<base_url>gpulayer/``).
 OUTER_ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = prometheus.ROUTES
