@@ -1,7 +1,10 @@
 """A control plane with providers (``--GpulayerApp.providers_file``), started the way
 ``gpulayer up --providers FILE`` starts it, and no local worker."""
 
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,13 +36,11 @@ def gl_provider_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]
     (a dict of tables) and no local workers; stopped (instances terminated) at the end."""
     made: list[LocalCluster] = []
 
-    def make(providers: dict[str, dict[str, Any]], *, start: bool = True, **kw: Any) -> LocalCluster:
+    def make(providers: dict[str, dict[str, Any]], *, start: bool = True, **kw: Any) -> Any:
         path = tmp_path / f"providers-{len(made)}.toml"
         path.write_text(toml(providers))
         args = [f"--GpulayerApp.providers_file={path}", "--GpulayerApp.autoscale_seconds=0.2"]
-        c = LocalCluster(
-            tmp_path / f"c{len(made)}", workers=0, server_args=args, **{**FAST, **kw}
-        )
+        c = LocalCluster(tmp_path / f"c{len(made)}", workers=0, server_args=args, **{**FAST, **kw})
         made.append(c)
         return c.start() if start else c
 
@@ -51,9 +52,6 @@ def gl_provider_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]
 
 def stop_instances(data_dir: Path) -> None:
     """Kill what simulated and local providers left running (by the PIDs they recorded)."""
-    import os
-    import signal
-
     for state in (data_dir / "providers").glob("*/instances.json"):
         try:
             entries = json.loads(state.read_text())
@@ -61,7 +59,5 @@ def stop_instances(data_dir: Path) -> None:
             continue
         for entry in entries.values():
             for pid in entry["pids"]:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
