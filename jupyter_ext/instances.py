@@ -198,7 +198,7 @@ class Instances:
             return  # its create is in flight (or was interrupted: recover decides)
         if seen is None or seen.state == "ended":
             why = seen.detail if seen is not None else f"{rec.provider} no longer has it"
-            await self._end(rec, None, "", _S.lost, f"lost: {why}")
+            await self._end(rec, None, "", _S.lost, why)
             return
         self.seen[rec.id] = seen
         fields: dict[str, object] = {}
@@ -285,7 +285,7 @@ class Instances:
                     killed.append(s.external_id)
             for rec in active.values():
                 if rec.provider == name and rec.external_id and rec.id not in live:
-                    await self._end(rec, None, "", _S.lost, f"lost: {name} no longer has it")
+                    await self._end(rec, None, "", _S.lost, f"{name} no longer has it")
                     lost.append(rec.id)
         return killed, lost
 

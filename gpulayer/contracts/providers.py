@@ -177,6 +177,9 @@ class SimulatedOffer(RequestModel):
         default=None, gt=0, description="the instance disappears this long after it booted"
     )
     max_nodes: int = Field(default=1, ge=1, le=64)
+    create_seconds: float = Field(
+        default=0.0, ge=0, description="the create call answers this late (the instance exists)"
+    )
 
 
 class SimulatedConfig(_Common):

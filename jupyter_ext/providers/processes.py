@@ -162,7 +162,9 @@ _children: dict[int, "subprocess.Popen[bytes]"] = {}
 def _alive(pid: int, names: list[str]) -> bool:
     """Whether ``pid`` still runs one of our workers (not a reused PID)."""
     proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
+    if proc is not None:  # our own child (its exec may not have happened yet)
+        if proc.poll() is None:
+            return True
         _children.pop(pid, None)
         return False
     try:

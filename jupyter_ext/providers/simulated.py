@@ -6,6 +6,7 @@ boots, instances that vanish, billing by the second; each instance is real
 GPUs, so placement sees them as a cloud machine's.
 """
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -62,4 +63,7 @@ class SimulatedProvider(ProcessProvider):
                 f"{self.name}: no capacity for {o.name} in {o.region} (simulated"
                 f" InsufficientInstanceCapacity)"
             )
-        return await self.start(launch, o.boot_seconds, o.vanish_after)
+        external = await self.start(launch, o.boot_seconds, o.vanish_after)
+        if o.create_seconds:  # a slow API: the instance exists before the answer comes
+            await asyncio.sleep(o.create_seconds)
+        return external

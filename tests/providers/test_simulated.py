@@ -42,3 +42,92 @@ def test_a_gpu_job_on_an_empty_cluster_gets_an_instance_which_is_terminated_when
         assert "idle for" in (gone[0].reason or "")
         assert gone[0].cost >= done.cost  # the instance's cost covers the job's share
         assert not [w for w in conn.workers() if w.name == done.worker_name]
+
+
+def test_an_instance_that_does_not_join_within_boot_timeout_is_terminated_and_the_job_provisioned_again(  # noqa: E501
+    gl_provider_cluster,
+):
+    slow = {**A100, "boot_seconds": 120}
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "boot_timeout": 2, "offers": [slow]}})
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", "pass"], gpus=1, connection=conn)
+        failed = until(lambda: instances(conn, "failed"), 60, "the slow instance to fail")
+        assert "did not join within 2s (boot_timeout)" in (failed[0].reason or "")
+        assert failed[0].job_ids == [job.id]
+        again = until(
+            lambda: [i for i in instances(conn) if i.state.active and job.id in i.job_ids],
+            30, "a new instance for the job",
+        )  # fmt: skip
+        assert again[0].id != failed[0].id
+        assert conn.job(job.id).provisioning.instance_id == again[0].id
+
+
+def test_a_capacity_error_backs_off_that_offer_and_the_next_offer_is_used(gl_provider_cluster):
+    cheap = {**A100, "name": "cheap", "price_per_hour": 1.0, "capacity_errors": -1}
+    dear = {**A100, "name": "dear", "price_per_hour": 5.0}
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "offers": [cheap, dear]}})
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", "pass"], gpus=1, connection=conn)
+        job.wait(timeout=90)
+        assert conn.job(job.id).state == "succeeded"
+        by_offer = {i.offer: i for i in instances(conn)}
+        assert by_offer["cheap"].state == "failed"
+        assert "no capacity for cheap" in (by_offer["cheap"].reason or "")
+        assert by_offer["dear"].job_ids == [job.id]
+        [sim] = conn.providers()
+        assert "cheap" in sim.backoff  # not asked again for a while
+        assert [o.name for o in sim.offers] == ["cheap", "dear"]
+
+
+def test_min_instances_are_kept_and_max_instances_never_exceeded(gl_provider_cluster):
+    one = {"kind": "simulated", "min_instances": 1, "max_instances": 1, "slots": 1,
+           "idle_timeout": 1, "offers": [A100]}  # fmt: skip
+    c = gl_provider_cluster({"sim": one})
+    with c.connection() as conn:
+        [first] = until(lambda: instances(conn, "idle"), 60, "the min_instances instance")
+        assert first.job_ids == []  # started for min_instances, not for a job
+        jobs = [gl.submit([PY, "-c", "import time; time.sleep(1)"], gpus=1, connection=conn)
+                for _ in range(3)]  # fmt: skip
+        for j in jobs:
+            j.wait(timeout=90)
+            assert conn.job(j.id).state == "succeeded"
+            assert conn.job(j.id).worker_name == f"sim-{first.id}"
+        assert [i.id for i in instances(conn)] == [first.id]  # never a second one
+        until(lambda: instances(conn, "idle"), 30, "the instance idle again")
+        assert [i.state for i in instances(conn)] == ["idle"]  # idle, but kept: min_instances
+
+
+def test_a_worker_with_a_running_task_is_never_terminated(gl_provider_cluster, gl_shared_dir):
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "idle_timeout": 1, "offers": [A100]}})
+    go = gl_shared_dir / "go"
+    wait_for_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", wait_for_go], gpus=1, connection=conn)
+        until(lambda: conn.job(job.id).state == "running", 60, "the job to run")
+        [inst] = instances(conn)
+        # many idle_timeouts pass while it runs: the instance stays ready
+        until(lambda: conn.job(job.id).duration and conn.job(job.id).duration > 4, 30)
+        [inst] = instances(conn)
+        assert inst.state == "ready"
+        go.touch()
+        job.wait(timeout=60)
+        assert conn.job(job.id).state == "succeeded"
+        until(lambda: instances(conn, "gone"), 30, "the instance terminated once idle")
+
+
+def test_an_instance_that_vanishes_is_lost_and_its_task_retried_on_a_fresh_one(
+    gl_provider_cluster, gl_shared_dir
+):
+    flaky = {**A100, "vanish_after": 8}
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "offers": [flaky]}})
+    go = gl_shared_dir / "go"
+    wait_for_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", wait_for_go], gpus=1, retries=2, connection=conn)
+        lost = until(lambda: instances(conn, "lost"), 90, "the instance to vanish")
+        assert "no longer has it" in (lost[0].reason or "")
+        go.touch()  # the retry finishes at once
+        job.wait(timeout=120)
+        info = conn.job(job.id)
+        assert info.state == "succeeded" and info.attempts >= 2
+        assert info.worker_name != f"sim-{lost[0].id}"
