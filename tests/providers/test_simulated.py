@@ -2,6 +2,10 @@
 plane (as ``gpulayer up --providers FILE`` starts it) whose instances are real
 ``gpulayer join`` processes with simulated GPUs."""
 
+import json
+import os
+import signal
+import subprocess
 import sys
 
 import gpulayer.client as gl
@@ -131,3 +135,49 @@ def test_an_instance_that_vanishes_is_lost_and_its_task_retried_on_a_fresh_one(
         info = conn.job(job.id)
         assert info.state == "succeeded" and info.attempts >= 2
         assert info.worker_name != f"sim-{lost[0].id}"
+
+
+def test_orphan_sweep_at_start_terminates_unknown_instances_and_marks_missing_ones_lost(
+    gl_provider_cluster, tmp_path
+):
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "offers": [A100]}})
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", "pass"], gpus=1, connection=conn)
+        job.wait(timeout=90)
+        [known] = instances(conn, "idle") or until(lambda: instances(conn, "idle"), 30)
+    state = c.data_dir / "providers" / "sim" / "instances.json"
+    c.stop()  # the control plane stops; its instances keep running, like cloud machines
+    entries = json.loads(state.read_text())
+    [(external, entry)] = entries.items()
+    for pid in entry["pids"]:  # the provider loses the known instance ...
+        os.killpg(pid, signal.SIGKILL)
+    # ... and holds one the store never heard of
+    orphan = subprocess.Popen([PY, "-c", "import time; time.sleep(600)", "--name", "sim-orphan"],
+                              start_new_session=True)  # fmt: skip
+    entries = {"sim-orphan": {"instance_id": "0rphan00", "external_id": "sim-orphan",
+                              "pids": [orphan.pid], "workers": ["sim-orphan"],
+                              "created_at": 0.0, "boot_at": 0.0, "vanish_at": None}}  # fmt: skip
+    state.write_text(json.dumps(entries))
+    c.start()
+    with c.connection() as conn:
+        until(lambda: orphan.poll() is not None, 30, "the orphan to be terminated")
+        until(lambda: "sim-orphan" not in json.loads(state.read_text()), 30)
+        lost = until(lambda: [i for i in instances(conn, "lost") if i.id == known.id], 30)
+        assert lost[0].reason == "sim no longer has it"
+
+
+def test_an_intent_left_open_by_a_crash_is_reconciled_at_restart(gl_provider_cluster):
+    slow_api = {**A100, "create_seconds": 60}  # the instance exists long before the answer
+    c = gl_provider_cluster({"sim": {"kind": "simulated", "offers": [slow_api]}})
+    state = c.data_dir / "providers" / "sim" / "instances.json"
+    with c.connection() as conn:
+        job = gl.submit([PY, "-c", "print('ran')"], gpus=1, connection=conn)
+        until(lambda: state.exists() and json.loads(state.read_text()), 30, "the instance")
+        [asked] = instances(conn)
+        assert asked.external_id is None  # intent written, outcome not yet
+    c.restart_control_plane(signal.SIGKILL)  # crash between the intent and the outcome
+    with c.connection() as conn:
+        until(lambda: conn.job(job.id).state == "succeeded", 90, "the job to run")
+        [adopted] = instances(conn)
+        assert adopted.id == asked.id and adopted.external_id is not None
+        assert conn.job(job.id).worker_name == f"sim-{asked.id}"
