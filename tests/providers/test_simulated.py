@@ -148,7 +148,7 @@ def test_orphan_sweep_at_start_terminates_unknown_instances_and_marks_missing_on
     state = c.data_dir / "providers" / "sim" / "instances.json"
     c.stop()  # the control plane stops; its instances keep running, like cloud machines
     entries = json.loads(state.read_text())
-    [(external, entry)] = entries.items()
+    [entry] = entries.values()
     for pid in entry["pids"]:  # the provider loses the known instance ...
         os.killpg(pid, signal.SIGKILL)
     # ... and holds one the store never heard of
