@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import httpx
+
 import gpulayer.client as gl
 
 from ..support import until
@@ -46,6 +48,10 @@ def test_a_gpu_job_on_an_empty_cluster_gets_an_instance_which_is_terminated_when
         assert "idle for" in (gone[0].reason or "")
         assert gone[0].cost >= done.cost  # the instance's cost covers the job's share
         assert not [w for w in conn.workers() if w.name == done.worker_name]
+    metrics = httpx.get(c.url + "gpulayer/metrics",
+                        headers={"Authorization": f"Bearer {c.admin_token}"}).text  # fmt: skip
+    assert 'gpulayer_instances{provider="sim",state="gone"} 1.0' in metrics
+    assert 'gpulayer_instance_cost_dollars{provider="sim"}' in metrics
 
 
 def test_an_instance_that_does_not_join_within_boot_timeout_is_terminated_and_the_job_provisioned_again(  # noqa: E501
