@@ -61,5 +61,5 @@ class InstanceTerminateHandler(GpulayerAPIHandler):
 ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"providers", ProvidersHandler),
     (r"instances", InstancesHandler),
-    (r"instances/(?P<instance_id>[0-9a-f]+)/terminate", InstanceTerminateHandler),
+    (r"instances/(?P<instance_id>[^/]+)/terminate", InstanceTerminateHandler),
 ]
