@@ -108,9 +108,16 @@ def may_register(
         A join token naming a registered worker, or a worker renaming itself (409,
         field ``name``).
     Forbidden
-        A worker token acting for another worker (403).
+        A worker token acting for another worker, or an instance's join token naming
+        another worker than its own (403).
     """
     if worker_id is None:
+        bound = who.instance_worker if who is not None else None
+        if bound is not None and name != bound:
+            raise Forbidden(
+                f"this join token belongs to a provider instance and registers only the"
+                f" worker {bound!r}, not {name!r}"
+            )
         if existing is not None and who is not None and who.role != "admin":
             raise Conflict(
                 f"a worker named {name!r} is registered already, and a join token registers"

@@ -9,20 +9,26 @@ single-user server) or headless through ``python -m jupyter_ext`` (what
 import asyncio
 import contextlib
 import getpass
+import hashlib
 import logging
 import os
 import re
+import ssl
+import time
+import tomllib
 from pathlib import Path
 from typing import Any, TextIO
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Int, Unicode, default, validate
+from traitlets import Dict, Float, Int, Unicode, default, validate
 
 from gpulayer import paths
 from gpulayer.contracts import (
     API_PREFIX,
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LEASE_SECONDS,
+    ProviderConfigError,
+    parse_providers,
     plain_text,
 )
 
@@ -32,6 +38,9 @@ from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .control_plane import ControlPlane
 from .core import Quotas
+from .instances import Endpoint
+from .providers import Provider
+from .providers import build as build_provider
 from .retention import Policy
 from .sealing import KEY_FILE
 from .store import Store
@@ -166,6 +175,19 @@ class GpulayerApp(ExtensionApp):
     gc_interval_seconds = Float(
         3600.0, help="How often retention and blob garbage collection run (0: only on demand)."
     ).tag(config=True)
+    providers = Dict(
+        help="Providers that start workers on demand, by name: {'gpu': {'kind': 'slurm',"
+        " 'partition': 'gpu', 'max_instances': 4, ...}} (kinds local, slurm, simulated;"
+        " docs/providers.md). Tables of providers_file come first.",
+    ).tag(config=True)
+    providers_file = Unicode(
+        "",
+        help="A TOML file of [providers.NAME] tables (what `gpulayer up --providers FILE`"
+        " passes); '' for none.",
+    ).tag(config=True)
+    autoscale_seconds = Float(
+        1.0, help="How often the autoscaler follows instances and the queue."
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -195,10 +217,44 @@ class GpulayerApp(ExtensionApp):
             max_heartbeat_tasks=self.max_heartbeat_tasks,
         )
         self._state = AppState(limits=limits)
+        self._provider_configs = self._checked_providers()
         self._background: list[asyncio.Task[None]] = []
         self.settings["gpulayer"] = self._state
         route_service_logs(self.log)
         self._data_lock = self._hold_data_dir()
+
+    def _checked_providers(self) -> dict[str, Any]:
+        """The provider tables (file, then trait), checked; a bad one stops the start
+        with one line naming the table and the key."""
+        tables: dict[str, Any] = {}
+        try:
+            if self.providers_file:
+                with open(self.providers_file, "rb") as f:
+                    loaded = tomllib.load(f)
+                tables.update(loaded.get("providers", {}) if isinstance(loaded, dict) else {})
+            tables.update(self.providers)
+            return parse_providers(tables) if tables else {}
+        except (OSError, tomllib.TOMLDecodeError, ProviderConfigError) as e:
+            where = f"{self.providers_file}: " if self.providers_file else ""
+            message = f"gpulayer: providers: {where}{e}"
+            self.log.critical(message)
+            raise SystemExit(message) from None
+
+    def _build_providers(self, data: Path) -> dict[str, Provider]:
+        tag = hashlib.sha256(str(data.resolve()).encode()).hexdigest()[:6]
+        return {
+            name: build_provider(name, cfg, data, tag=tag, clock=time.time)
+            for name, cfg in self._provider_configs.items()
+        }
+
+    def _endpoint(self, serverapp: Any) -> Endpoint:
+        """Where this control plane's instances reach it (a provider's ``url`` wins)."""
+        certfile = getattr(serverapp, "certfile", "") or ""
+        scheme = "https" if certfile else "http"
+        ip = serverapp.ip if serverapp.ip not in ("", "0.0.0.0", "localhost") else "127.0.0.1"
+        host = f"[{ip}]" if ":" in ip else ip
+        url = f"{scheme}://{host}:{serverapp.port}{serverapp.base_url}"
+        return Endpoint(url, certificate_fingerprint(certfile) if certfile else None)
 
     def _hold_data_dir(self) -> TextIO:
         """Ready the data dir and hold it: one control plane per data dir (`gpulayer up`
@@ -260,6 +316,8 @@ class GpulayerApp(ExtensionApp):
                 blob_grace_seconds=self.blob_grace_seconds,
             ),
             secret_key=data / KEY_FILE,
+            providers=self._build_providers(data),
+            endpoint=self._endpoint(serverapp),
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet)
@@ -267,6 +325,8 @@ class GpulayerApp(ExtensionApp):
         self._background.append(asyncio.create_task(self._sweep_loop(plane)))
         if self.gc_interval_seconds > 0:
             self._background.append(asyncio.create_task(self._gc_loop(plane)))
+        if plane.instances.providers:
+            self._background.append(asyncio.create_task(self._autoscale_loop(plane)))
         await plane.placer.schedule()
         self._state.ready.set()
         self.log.info("gpulayer control plane ready (data in %s)", data)
@@ -278,6 +338,19 @@ class GpulayerApp(ExtensionApp):
                 await plane.leases.sweep()
             except Exception:
                 self.log.exception("gpulayer lease sweep failed")
+
+    async def _autoscale_loop(self, plane: ControlPlane) -> None:
+        scaler = plane.autoscaler
+        try:
+            await scaler.start()  # open intents, the orphan sweep both ways
+        except Exception:
+            self.log.exception("gpulayer autoscaler start-up failed")
+        while True:
+            await scaler.wait_for_wake(self.autoscale_seconds)
+            try:
+                await scaler.tick()
+            except Exception:
+                self.log.exception("gpulayer autoscaler round failed")
 
     async def _gc_loop(self, plane: ControlPlane) -> None:
         while True:
@@ -303,6 +376,8 @@ class GpulayerApp(ExtensionApp):
         self._background.clear()
         running = self._state.running
         if running is not None:
+            for provider in running.plane.instances.providers.values():
+                await provider.close()  # instances keep running: a restart adopts them
             await running.plane.store.close()
             self._state.running = None
         self._data_lock.close()  # the next control plane on this data dir may start
@@ -369,6 +444,15 @@ def kept_owner(data_dir: Path) -> str:
         return plain_text(name)
     except ValueError as e:
         raise ValueError(f"{path}: the owner's name {e}") from None
+
+
+def certificate_fingerprint(certfile: str) -> str | None:
+    """``sha256:<hex>`` of a PEM certificate's DER bytes (what workers pin), or None."""
+    try:
+        pem = Path(certfile).read_text()
+        return "sha256:" + hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:

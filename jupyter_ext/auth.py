@@ -13,7 +13,8 @@ Roles (``requires`` always admits ``admin``):
 ``submitter``  submit jobs and upload bundles; see, follow and cancel only its
                own jobs (owner = the token's name), their logs and artifacts
 ``viewer``     every read route, nothing that changes state
-``join``       register new workers (reusable, or single-use, with expiry)
+``join``       register new workers (reusable, or single-use, with expiry; a
+               provider instance's is single-use and bound to its worker name)
 ``worker``     issued at registration; only its own worker and tasks
 =============  ============================================================
 
@@ -53,6 +54,8 @@ ROLES = ("admin", "submitter", "viewer", "join", "worker")
 #: Roles an admin may mint; ``worker`` tokens come only from registration.
 MINTABLE_ROLES = ("admin", "submitter", "viewer", "join")
 TOKEN_PREFIX = "gl_"
+#: Names of provider instances' join tokens: ``instance:<worker name>``.
+INSTANCE_TOKEN_PREFIX = "instance:"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Principal:
     worker_id: str | None = None
     expires_at: float | None = None
     single_use: bool = False
+    #: A provider instance's join token: the one worker name it registers.
+    instance_worker: str | None = None
 
 
 def hash_token(token: str) -> str:
@@ -208,6 +213,38 @@ class TokenService:
         )
         return token, insert_token(record)
 
+    async def for_instance(self, instance_id: str, worker_name: str, expires_at: float) -> str:
+        """A provider instance's join token: single-use, expiring, and good only for
+        registering ``worker_name`` (``access.may_register``); it is named
+        ``instance:<worker_name>`` and listed with its ``instance_id``."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        await self.store.insert_token(
+            TokenRecord(
+                id=uuid.uuid4().hex[:12],
+                name=INSTANCE_TOKEN_PREFIX + worker_name,
+                role="join",
+                hash=hash_token(token),
+                created_at=self.clock(),
+                expires_at=expires_at,
+                revoked_at=None,
+                worker_id=None,
+                single_use=True,
+                used_at=None,
+                instance_id=instance_id,
+            )
+        )
+        return token
+
+    async def revoke_instance(self, instance_id: str) -> None:
+        """Revoke an instance's unused join tokens (it ended before joining)."""
+        ids = [
+            r.id
+            for r in await self.store.list_tokens()
+            if r.instance_id == instance_id and self._state(r) == "active"
+        ]
+        if ids:
+            await self._revoke(ids, "its provider instance ended")
+
     async def mint(self, req: CreateToken) -> CreatedToken:
         """``POST tokens``: a named token; 409 while another active one has the name
         (tasks' own tokens, named after their owner, do not count)."""
@@ -261,6 +298,7 @@ class TokenService:
             worker_id=row.worker_id,
             expires_at=row.expires_at,
             single_use=row.single_use,
+            instance_worker=_instance_worker(row),
         )
 
     async def use(self, principal: Principal) -> None:
@@ -388,7 +426,15 @@ class TokenService:
             single_use=row.single_use,
             worker_id=row.worker_id,
             task_id=row.task_id,
+            instance_id=row.instance_id,
         )
+
+
+def _instance_worker(row: TokenRecord) -> str | None:
+    """The worker name an instance's join token registers (None for other tokens)."""
+    if row.instance_id is None or not row.name.startswith(INSTANCE_TOKEN_PREFIX):
+        return None
+    return row.name[len(INSTANCE_TOKEN_PREFIX) :]
 
 
 _STATE_TEXT = {"used": "was already used", "revoked": "was revoked", "expired": "has expired"}

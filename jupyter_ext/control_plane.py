@@ -9,6 +9,7 @@ own)::
                     │  └─ Secrets      │
                     └─ SessionService ─┘   TrainingMetrics (Jobs, Tasks)
                                            Retention (Core: deletes, garbage collection)
+                                           Instances (Workers, providers) ◀── Autoscaler
 
 ``app.py`` builds one per server; tests and ``benchmarks/scheduler.py`` build
 their own on a temporary store with an injected clock.
@@ -22,11 +23,14 @@ from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 
 from .artifacts import BlobStore
 from .auth import TokenService
+from .autoscaler import Autoscaler
 from .core import Core, Quotas, Settings
+from .instances import Endpoint, Instances
 from .jobs import Jobs
 from .leases import Leases
 from .placer import Placer
 from .prometheus import Instruments
+from .providers import Provider
 from .retention import Policy, Retention
 from .sealing import KEY_FILE, Sealer
 from .secrets import Secrets
@@ -59,6 +63,8 @@ class ControlPlane:
         idempotency_seconds: float = 86400.0,
         retention: Policy | None = None,
         secret_key: Path | None = None,
+        providers: dict[str, Provider] | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         settings = Settings(
             heartbeat_seconds,
@@ -90,6 +96,12 @@ class ControlPlane:
         self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
         self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
         self.retention = Retention(core, retention)
+        self.instances = Instances(
+            core, tokens, self.workers, providers or {}, endpoint or Endpoint("http://127.0.0.1/")
+        )
+        self.autoscaler = Autoscaler(core, self.instances, core.board)
+        if providers:
+            self.placer.on_queued = self.autoscaler.wake
 
     async def start(self) -> None:
         """Recover after a (re)start, then place what waits."""

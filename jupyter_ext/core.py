@@ -31,6 +31,7 @@ from .artifacts import BlobStore
 from .fleet import Fleet
 from .placement import shape
 from .prometheus import Instruments
+from .provisioning import Board
 from .store import JobRecord, Statement, Store, TaskRecord
 from .store.writes import append_system_line
 from .streams import Notifier, job_key, logs_key, worker_key
@@ -122,6 +123,8 @@ class Core:
         self.quotas = quotas
         self.fleet = Fleet(store, telemetry_samples, quotas.telemetry_bytes_per_worker)
         self.mailbox = Mailbox()
+        # What the autoscaler says about queued jobs and allocations (docs/providers.md).
+        self.board = Board()
         # One placement or state change at a time.
         self.lock = asyncio.Lock()
         # Parsed once: specs never change.

@@ -43,6 +43,7 @@ from . import access, gangs
 from .auth import Principal
 from .core import Core, new_id
 from .placer import Placer
+from .provisioning import job_cost
 from .secrets import Secrets
 from .sessions import Sessions
 from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement
@@ -266,6 +267,9 @@ class Jobs:
         job = access.shown(viewer, row.model(tasks, names, core.spec(row)))
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
+        job.provisioning = core.board.queued_note(job.id, job.state)
+        if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
+            job.cost = job_cost(spans, core.clock())
         if job.state == JobState.queued:
             report, behind = await self._placer.queued_report(row, viewer)
             reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
@@ -288,7 +292,13 @@ class Jobs:
         rows = await self._core.store.list_jobs(state, limit, owner)
         names = await self._core.fleet.all_names()
         never = await self._placer.never_placeable(rows)
-        jobs = [access.shown(viewer, r.model([], names, self._core.spec(r))) for r in rows]
+        board = self._core.board
+        jobs = [
+            access.shown(viewer, r.model([], names, self._core.spec(r))).model_copy(
+                update={"provisioning": board.queued_note(r.id, r.state)}
+            )
+            for r in rows
+        ]
         for job in jobs:
             if job.id in never:  # said in the list too, not only in the job's own answer
                 job.reason, job.unsatisfiable = never[job.id], True

@@ -14,6 +14,7 @@ their session's slot and GPUs.
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpulayer.contracts import JobSpec, JobState, Placement, Resources, WorkerState
@@ -66,6 +67,8 @@ class Placer:
     def __init__(self, core: Core, sessions: Sessions) -> None:
         self._core = core
         self._sessions = sessions
+        #: Called after a pass that left jobs queued (the autoscaler's wake-up).
+        self.on_queued: Callable[[], None] | None = None
 
     async def schedule(self) -> int:
         """Place every queued job that fits; returns how many were placed.
@@ -95,6 +98,8 @@ class Placer:
             if worker_id:
                 core.notify_worker(worker_id)
             core.notify_job(job_id)
+        if self.on_queued is not None:
+            self.on_queued()
         return len(p.placed)
 
     async def _consider(self, p: _Pass, job: JobRecord) -> None:
@@ -113,7 +118,12 @@ class Placer:
 
     async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
         """Try ``job`` on the workers not reserved; True when it was placed."""
-        candidates = [w for w in p.workers if w.id not in p.reserved]
+        board = self._core.board  # no task on an allocation that ends before its timeout
+        candidates = [
+            w
+            for w in p.workers
+            if w.id not in p.reserved and board.time_left_fits(w.name, spec, p.now)
+        ]
         if gangs.is_gang(spec):
             nodes = gangs.choose(spec, candidates, p.usage)
             if nodes is None or len(nodes) > p.free_slots:
@@ -165,6 +175,7 @@ class Placer:
         spec = core.spec(job)
         views = await core.fleet.views()
         report = gangs.waiting(await self.waiting(spec.resources, job.id, views, viewer), spec)
+        report = core.board.annotate(job.id, spec, report, core.clock())  # providers' word
         ahead = await core.store.queued_ahead(job) if report.satisfiable else 0
         if not ahead:
             return report, None

@@ -17,6 +17,7 @@ Names follow STYLE.md: ``gpulayer_<noun>_<unit>`` for gauges and histograms,
 metric points, the other "metrics", are ``training_metrics.py``.)
 """
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -69,6 +70,9 @@ class Snapshot:
     workers: list[Worker] = field(default_factory=list)
     #: worker id -> indices of its GPUs held by scheduled or running tasks
     reserved: dict[str, set[int]] = field(default_factory=dict)
+    #: provider instances: (provider, state) -> count, and provider -> cost so far
+    instances: dict[tuple[str, str], int] = field(default_factory=dict)
+    instance_cost: dict[str, float] = field(default_factory=dict)
 
 
 class StateCollector:
@@ -86,7 +90,17 @@ class StateCollector:
         reserved: dict[str, set[int]] = {}
         for t in await store.active_tasks():
             reserved.setdefault(t.worker_id or "", set()).update(t.gpu_indices)
-        self.snapshot = Snapshot(jobs=jobs, workers=await self.fleet.workers(), reserved=reserved)
+        counts: dict[tuple[str, str], int] = {}
+        cost: dict[str, float] = {}
+        now = time.time()
+        for inst in await store.list_instances(limit=10_000):
+            key = (inst.provider, inst.state.value)
+            counts[key] = counts.get(key, 0) + 1
+            cost[inst.provider] = cost.get(inst.provider, 0.0) + inst.cost(now)
+        self.snapshot = Snapshot(
+            jobs=jobs, workers=await self.fleet.workers(), reserved=reserved,
+            instances=counts, instance_cost=cost,
+        )  # fmt: skip
 
     def describe(self) -> list[Metric]:
         """Nothing to check for name clashes up front (the names are fixed below)."""
@@ -109,6 +123,23 @@ class StateCollector:
             workers.add_metric([state.value], sum(w.state == state for w in snap.workers))
         yield workers
         yield from self._gpus(snap)
+        yield from self._instances(snap)
+
+    def _instances(self, snap: Snapshot) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "gpulayer_instances", "Provider instances by provider and state.",
+            labels=["provider", "state"],
+        )  # fmt: skip
+        for (provider, state), n in sorted(snap.instances.items()):
+            gauge.add_metric([provider, state], n)
+        yield gauge
+        cost = GaugeMetricFamily(
+            "gpulayer_instance_cost_dollars", "Price x wall time of each provider's instances.",
+            labels=["provider"],
+        )  # fmt: skip
+        for provider, dollars in sorted(snap.instance_cost.items()):
+            cost.add_metric([provider], dollars)
+        yield cost
 
     def _gpus(self, snap: Snapshot) -> Iterator[Metric]:
         labels = ["worker", "gpu", "model"]

@@ -10,6 +10,7 @@
     gpulayer delete ID ...            delete finished jobs with their logs and artifacts
     gpulayer gc [--older-than 30d]    delete old finished jobs and unused blobs now (admin)
     gpulayer workers [forget NAME]
+    gpulayer providers | instances | instance terminate ID   capacity on demand (up --providers)
     gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
     gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
     gpulayer demo                     a tour on a throw-away local cluster
@@ -25,7 +26,7 @@ bad usage, 1 otherwise, 130 on Ctrl-C (``parser.EXIT_CODES``; docs/cli.md).
 * :mod:`~gpulayer.cli.output`: the one table printer, ``-o json``, times, sizes, notes, errors
 * :mod:`~gpulayer.cli.jobs`, :mod:`~gpulayer.cli.logs`, :mod:`~gpulayer.cli.workers`,
   :mod:`~gpulayer.cli.sessions`, :mod:`~gpulayer.cli.tokens`, :mod:`~gpulayer.cli.up`,
-  :mod:`~gpulayer.cli.status`: one module per command group
+  :mod:`~gpulayer.cli.status`, :mod:`~gpulayer.cli.providers`: one module per command group
 * :mod:`~gpulayer.cli.pidfile`: which ``gpulayer up`` runs for a data dir
 * :mod:`~gpulayer.cli.cluster`: :class:`LocalCluster`, what ``up`` and ``demo`` run
 * :mod:`~gpulayer.cli.demo`: the ``gpulayer demo`` tour

@@ -176,6 +176,12 @@ def _job(args: argparse.Namespace) -> int:
         ("created", when(job.created_at)), ("started", when(job.started_at)),
         ("ended", when(job.ended_at)), ("duration", contracts.format_duration(job.duration)),
     ]  # fmt: skip
+    if job.provisioning is not None:
+        p = job.provisioning
+        fields.append(("provisioning", f"instance {p.instance_id} on {p.provider} ({p.state}):"
+                                       f" {p.detail}"))  # fmt: skip
+    if job.cost is not None:
+        fields.append(("cost", f"${job.cost:.4f} (its share of provider instances)"))
     for key, value in fields:
         output.say(f"{key + ':':<11}{value}")
     if job.pending_reasons:

@@ -9,7 +9,18 @@ from collections.abc import Sequence
 from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import __version__, errors
-from gpulayer.cli import jobs, logs, output, secrets, sessions, status, tokens, up, workers
+from gpulayer.cli import (
+    jobs,
+    logs,
+    output,
+    providers,
+    secrets,
+    sessions,
+    status,
+    tokens,
+    up,
+    workers,
+)
 from gpulayer.cli.options import Parser, connection_options, examples
 from gpulayer.client import Connection
 from gpulayer.client.specs import pydantic_to_gpulayer
@@ -50,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpulayer", parents=[conn], description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("--version", action="version", version=f"gpulayer {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for group in (up, status, jobs, logs, workers, sessions, tokens, secrets):
+    for group in (up, status, jobs, logs, workers, sessions, tokens, secrets, providers):
         group.add_parsers(sub, conn)
     completion = sub.add_parser(
         "completion",

@@ -35,6 +35,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                             "gpulayer up --simulated-gpus 2xA100-80GB   # try GPU jobs on a laptop",
                             "gpulayer up --host 0.0.0.0 --local-workers 0   # workers join from"
                             " elsewhere",
+                            "gpulayer up --local-workers 0 --providers slurm.toml   # workers"
+                            " on demand",
                             "gpulayer down                              # stop it again",
                         ))  # fmt: skip
     up.add_argument("--port", type=bounded(int, 1, 65535),
@@ -68,6 +70,9 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     up.add_argument("--no-save-config", action="store_true",
                     help="do not save the connection for gl.connect()")  # fmt: skip
     up.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
+    up.add_argument("--providers", type=Path, metavar="FILE",
+                    help="a TOML file of [providers.NAME] tables: start workers on demand"
+                         " (local, slurm, simulated; docs/providers.md)")  # fmt: skip
     up.set_defaults(func=_up)
 
     join = sub.add_parser("join", help="run a worker for the control plane at URL",
@@ -129,6 +134,7 @@ def _up(args: argparse.Namespace) -> int:
     from gpulayer.cli.cluster import LocalCluster, preferred_port
 
     _check_timings(args.heartbeat_seconds, args.lease_seconds)
+    server_args = _provider_args(args.providers)
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     if (running := pidfile.running(data_dir)) is not None:
         raise errors.GpulayerError(
@@ -144,7 +150,7 @@ def _up(args: argparse.Namespace) -> int:
                            certfile=args.certfile, keyfile=args.keyfile,
                            heartbeat_seconds=args.heartbeat_seconds,
                            lease_seconds=args.lease_seconds,
-                           task_user=args.task_user)  # fmt: skip
+                           task_user=args.task_user, server_args=server_args)  # fmt: skip
     # SIGTERM stops us like Ctrl-C does, so `kill <pid>` also cleans up.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -184,6 +190,28 @@ def _check_timings(heartbeat: float | None, lease: float | None) -> None:
             f"--lease-seconds ({hold:g}) must be more than twice --heartbeat-seconds ({beat:g})",
             field="lease",
         )
+
+
+def _provider_args(path: Path | None) -> list[str]:
+    """``--GpulayerApp.providers_file`` for a checked providers file (none without one).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the file, the table and the key.
+    """
+    if path is None:
+        return []
+    import tomllib
+
+    try:
+        with path.open("rb") as f:
+            contracts.parse_providers(tomllib.load(f).get("providers", {}))
+    except OSError as e:
+        raise errors.ConfigError(f"--providers {path}: {e.strerror or e}") from e
+    except (tomllib.TOMLDecodeError, contracts.ProviderConfigError) as e:
+        raise errors.ConfigError(f"--providers {path}: {e}") from e
+    return [f"--GpulayerApp.providers_file={path.expanduser().resolve()}"]
 
 
 def _tasks_run_as_you(task_user: str | None) -> str | None:

@@ -699,6 +699,19 @@ class Connection:
         else:
             self._request("DELETE", path, params=params, expect=(204,))
 
+    def providers(self) -> list[contracts.Provider]:
+        """``GET providers``: the configured providers with their offers and limits."""
+        return self._parse(self._request("GET", "providers"), contracts.ProviderList).providers
+
+    def instances(self) -> list[contracts.Instance]:
+        """``GET instances``: active provider instances, then recent ended ones, with cost."""
+        return self._parse(self._request("GET", "instances"), contracts.InstanceList).instances
+
+    def terminate_instance(self, instance_id: str) -> contracts.Instance:
+        """``POST instances/{id}/terminate`` (admin): end a provider instance now."""
+        resp = self._request("POST", f"instances/{_seg(instance_id)}/terminate")
+        return self._parse(resp, contracts.Instance)
+
 
 def new_idempotency_key() -> str:
     """A fresh key for one logical submit (random, so never reused by accident)."""

@@ -14,9 +14,10 @@ The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
 :mod:`~gpulayer.contracts.tasks` (the worker's task hand-off),
 :mod:`~gpulayer.contracts.placement`, :mod:`~gpulayer.contracts.sessions`,
 :mod:`~gpulayer.contracts.storage` (garbage collection),
-:mod:`~gpulayer.contracts.tokens`, :mod:`~gpulayer.contracts.secrets` and
-:mod:`~gpulayer.contracts.server` (health,
-errors); :mod:`~gpulayer.contracts.base` holds what they share.
+:mod:`~gpulayer.contracts.tokens`, :mod:`~gpulayer.contracts.secrets`,
+:mod:`~gpulayer.contracts.providers` (providers, offers, instances and their
+configuration) and :mod:`~gpulayer.contracts.server` (health, errors);
+:mod:`~gpulayer.contracts.base` holds what they share.
 
 The routes (all under :data:`API_PREFIX`) and which model each takes and answers
 are listed once, in ``docs/api.md``; ``tests/server/test_route_table.py`` fails
@@ -58,6 +59,19 @@ from .jobs import (
 )
 from .logs import FRAGMENT, KernelMessage, LogAck, LogBatch, LogEntry, LogLine, LogPage, LogStream
 from .placement import Placement, WorkerFit
+from .providers import (
+    ENDED_INSTANCE_STATES,
+    Instance,
+    InstanceList,
+    InstanceState,
+    Offer,
+    Provider,
+    ProviderConfig,
+    ProviderConfigError,
+    ProviderList,
+    Provisioning,
+    parse_providers,
+)
 from .resources import (
     PROFILES,
     STORED,
@@ -108,6 +122,7 @@ __all__ = [
     "API_VERSION",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_LEASE_SECONDS",
+    "ENDED_INSTANCE_STATES",
     "FRAGMENT",
     "INLINE_BYTES",
     "MAX_SECRET_CHARS",
@@ -140,6 +155,9 @@ __all__ = [
     "Heartbeat",
     "HeartbeatReply",
     "Identifier",
+    "Instance",
+    "InstanceList",
+    "InstanceState",
     "Job",
     "JobBatch",
     "JobKind",
@@ -161,7 +179,13 @@ __all__ = [
     "MetricPage",
     "MetricPoint",
     "Name",
+    "Offer",
     "Placement",
+    "Provider",
+    "ProviderConfig",
+    "ProviderConfigError",
+    "ProviderList",
+    "Provisioning",
     "Registered",
     "Resources",
     "Role",
@@ -192,5 +216,6 @@ __all__ = [
     "format_duration",
     "gpu_model_matcher",
     "parse_duration",
+    "parse_providers",
     "plain_text",
 ]

@@ -21,6 +21,7 @@ from .base import (
     Sha256,
     plain_text,
 )
+from .providers import Provisioning
 from .resources import Resources
 from .secrets import SecretNames
 
@@ -312,6 +313,13 @@ class Job(DocumentModel):
         default=False,
         description="while queued: no registered worker could ever run it (``reason`` says"
         " why); it waits for a worker that could",
+    )
+    provisioning: Provisioning | None = Field(
+        default=None,
+        description="while queued: the instance a provider is starting for it (docs/providers.md)",
+    )
+    cost: float | None = Field(
+        default=None, description="its share of the provider instances it ran on (price x time)"
     )
 
     @property

@@ -43,6 +43,9 @@ class Token(DocumentModel):
     task_id: str | None = Field(
         default=None, description="a task's own token (api_access), revoked when it ends"
     )
+    instance_id: str | None = Field(
+        default=None, description="a provider instance's join token (its one worker name)"
+    )
 
 
 class CreatedToken(Token):

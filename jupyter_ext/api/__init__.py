@@ -9,6 +9,7 @@ from . import (
     health,
     jobs,
     prometheus,
+    providers,
     secrets,
     sessions,
     storage,
@@ -30,6 +31,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = (
     + training.ROUTES
     + storage.ROUTES
     + secrets.ROUTES
+    + providers.ROUTES
 )
 #: Routes beside the API (relative to ``<base_url>gpulayer/``).
 OUTER_ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = prometheus.ROUTES

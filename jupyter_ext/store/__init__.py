@@ -3,14 +3,16 @@
 :class:`Store` is one aiosqlite connection (``db.py``) with the queries of each
 concern mixed in: jobs and tasks (``jobs.py``), task outputs (log lines and
 metric points, ``outputs.py``), workers (``workers.py``), tokens
-(``tokens.py``), secrets (sealed values, ``secrets.py``) and deleting finished
-jobs (``retention.py``). Reads answer
+(``tokens.py``), secrets (sealed values, ``secrets.py``), deleting finished
+jobs (``retention.py``) and provider instances with their intents
+(``instances.py``). Reads answer
 frozen records (``records.py``); the statements that change jobs and tasks are
 built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
 :meth:`Store.apply` in one transaction. The schema and its migrations are in
 ``schema.py``.
 """
 
+from .instances import InstanceQueries
 from .jobs import JobQueries
 from .outputs import OutputQueries
 from .records import (
@@ -19,9 +21,12 @@ from .records import (
     EventRecord,
     Hold,
     IdempotencyRecord,
+    InstanceRecord,
+    IntentRecord,
     JobRecord,
     MetricRecord,
     ResultRecord,
+    RunSpan,
     TaskRecord,
     TokenRecord,
     WorkerRecord,
@@ -42,9 +47,12 @@ __all__ = [
     "EventRecord",
     "Hold",
     "IdempotencyRecord",
+    "InstanceRecord",
+    "IntentRecord",
     "JobRecord",
     "MetricRecord",
     "ResultRecord",
+    "RunSpan",
     "SecretRecord",
     "Statement",
     "Store",
@@ -57,7 +65,13 @@ __all__ = [
 
 
 class Store(
-    JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries, SecretQueries
+    JobQueries,
+    OutputQueries,
+    WorkerQueries,
+    TokenQueries,
+    RetentionQueries,
+    SecretQueries,
+    InstanceQueries,
 ):
     """Async access to the gpulayer database.
 

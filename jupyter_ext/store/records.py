@@ -17,6 +17,8 @@ from gpulayer.contracts import (
     TERMINAL_STATES,
     Artifact,
     Event,
+    Instance,
+    InstanceState,
     Job,
     JobSpec,
     JobState,
@@ -24,6 +26,7 @@ from gpulayer.contracts import (
     Worker,
     WorkerState,
 )
+from gpulayer.contracts.providers import cost_of
 
 #: States that hold a worker's slot and GPUs.
 ACTIVE_STATES = frozenset({JobState.scheduled, JobState.running})
@@ -246,6 +249,7 @@ class TokenRecord:
     single_use: bool
     used_at: float | None
     task_id: str | None = None  # a task's own token (api_access)
+    instance_id: str | None = None  # a provider instance's join token (its worker name only)
 
     @classmethod
     def from_row(cls, r: sqlite3.Row) -> "TokenRecord":
@@ -253,6 +257,7 @@ class TokenRecord:
         return cls(
             r["id"], r["name"], r["role"], r["hash"], r["created_at"], r["expires_at"],
             r["revoked_at"], r["worker_id"], bool(r["single_use"]), r["used_at"], r["task_id"],
+            r["instance_id"],
         )  # fmt: skip
 
 
@@ -364,3 +369,89 @@ class IdempotencyRecord:
         """Read an ``idempotency_keys`` row."""
         ids = tuple(json.loads(r["job_ids"]))
         return cls(r["owner"], r["key"], r["digest"], ids, r["created_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """An ``instances`` row: what gpulayer asked a provider for (docs/providers.md)."""
+
+    id: str
+    provider: str
+    offer: str
+    state: InstanceState
+    external_id: str | None
+    workers: tuple[str, ...]
+    nodes: int
+    gpus: int
+    slots: int
+    job_ids: tuple[str, ...]
+    price_per_hour: float
+    reason: str | None
+    detail: str | None
+    created_at: float
+    booted_at: float | None
+    ready_at: float | None
+    idle_since: float | None
+    ends_at: float | None
+    ended_at: float | None
+
+    @classmethod
+    def from_row(cls, r: sqlite3.Row) -> "InstanceRecord":
+        """Read an ``instances`` row."""
+        return cls(
+            r["id"], r["provider"], r["offer"], InstanceState(r["state"]), r["external_id"],
+            tuple(json.loads(r["workers"])), r["nodes"], r["gpus"], r["slots"],
+            tuple(json.loads(r["job_ids"])), r["price_per_hour"], r["reason"], r["detail"],
+            r["created_at"], r["booted_at"], r["ready_at"], r["idle_since"], r["ends_at"],
+            r["ended_at"],
+        )  # fmt: skip
+
+    def cost(self, now: float) -> float:
+        """Price x wall time from creation to the end (or ``now``), by the second."""
+        return cost_of(self.price_per_hour, (self.ended_at or now) - self.created_at)
+
+    def model(self, now: float) -> Instance:
+        """The instance as a :class:`~gpulayer.contracts.Instance`."""
+        return Instance(
+            id=self.id, provider=self.provider, offer=self.offer, state=self.state,
+            external_id=self.external_id, workers=list(self.workers), nodes=self.nodes,
+            gpus=self.gpus, job_ids=list(self.job_ids), reason=self.reason, detail=self.detail,
+            price_per_hour=self.price_per_hour, cost=round(self.cost(now), 6),
+            created_at=as_datetime(self.created_at), ready_at=as_optional_datetime(self.ready_at),
+            ended_at=as_optional_datetime(self.ended_at),
+            age_seconds=max(0.0, (self.ended_at or now) - self.created_at),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class IntentRecord:
+    """A ``provider_intents`` row: a provider call written before it is made."""
+
+    seq: int
+    instance_id: str
+    provider: str
+    action: str  # "create" or "terminate"
+    created_at: float
+    outcome: str | None
+    outcome_at: float | None
+
+    @classmethod
+    def from_row(cls, r: sqlite3.Row) -> "IntentRecord":
+        """Read a ``provider_intents`` row."""
+        return cls(
+            r["seq"], r["instance_id"], r["provider"], r["action"], r["created_at"],
+            r["outcome"], r["outcome_at"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpan:
+    """A task's time on an instance's worker, for cost attribution."""
+
+    job_id: str
+    instance_id: str
+    started_at: float
+    ended_at: float | None
+    gpus: int
+    instance_gpus: int
+    price_per_hour: float

@@ -186,9 +186,56 @@ CREATE TABLE IF NOT EXISTS secrets (
 CREATE INDEX IF NOT EXISTS secrets_by_name ON secrets (name);
 """
 
+# v11: provider instances (docs/providers.md, ADR 0117): what gpulayer asked providers
+# to create, which workers joined from each, and every provider call as an intent written
+# before the call and its outcome after (a crash in between is reconciled on restart); a
+# join token may be bound to one instance's worker name.
+_SCHEMA_V11 = """
+CREATE TABLE IF NOT EXISTS instances (
+    id              TEXT PRIMARY KEY,
+    provider        TEXT NOT NULL,
+    offer           TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    external_id     TEXT,
+    workers         TEXT NOT NULL DEFAULT '[]',
+    nodes           INTEGER NOT NULL DEFAULT 1,
+    gpus            INTEGER NOT NULL DEFAULT 0,
+    slots           INTEGER NOT NULL DEFAULT 1,
+    job_ids         TEXT NOT NULL DEFAULT '[]',
+    price_per_hour  REAL NOT NULL DEFAULT 0,
+    reason          TEXT,
+    detail          TEXT,
+    created_at      REAL NOT NULL,
+    booted_at       REAL,
+    ready_at        REAL,
+    idle_since      REAL,
+    ends_at         REAL,
+    ended_at        REAL
+);
+CREATE INDEX IF NOT EXISTS instances_by_state ON instances (state, provider);
+CREATE TABLE IF NOT EXISTS instance_workers (
+    worker_id    TEXT PRIMARY KEY,
+    instance_id  TEXT NOT NULL,
+    worker_name  TEXT NOT NULL,
+    joined_at    REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS instance_workers_by_instance ON instance_workers (instance_id);
+CREATE TABLE IF NOT EXISTS provider_intents (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id  TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    outcome      TEXT,
+    outcome_at   REAL
+);
+CREATE INDEX IF NOT EXISTS provider_intents_open ON provider_intents (outcome_at);
+ALTER TABLE tokens ADD COLUMN instance_id TEXT;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10,
+    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10, _SCHEMA_V11,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -133,6 +133,7 @@ def insert_token(t: TokenRecord) -> Statement:
         "id": t.id, "name": t.name, "role": t.role, "hash": t.hash,
         "created_at": t.created_at, "expires_at": t.expires_at, "revoked_at": t.revoked_at,
         "worker_id": t.worker_id, "single_use": int(t.single_use), "task_id": t.task_id,
+        "instance_id": t.instance_id,
     }  # fmt: skip
     return insert("tokens", row)
 

@@ -99,6 +99,10 @@ export interface IHealth {
   jobs_active: number;
 }
 
+/** Life cycle of an instance (see the module docstring). */
+export type InstanceState = 'provisioning' | 'booting' | 'ready' | 'idle' | 'terminating' | 'gone' | 'lost' | 'failed';
+export const INSTANCE_STATES: readonly InstanceState[] = ['provisioning', 'booting', 'ready', 'idle', 'terminating', 'gone', 'lost', 'failed'];
+
 /** A submitted job with its current state. */
 export interface IJob {
   api_version: string;
@@ -126,6 +130,10 @@ export interface IJob {
   pending_reasons: string[];
   /** while queued: no registered worker could ever run it (``reason`` says why); it waits for a worker that could */
   unsatisfiable: boolean;
+  /** while queued: the instance a provider is starting for it (docs/providers.md) */
+  provisioning: IProvisioning | null;
+  /** its share of the provider instances it ran on (price x time) */
+  cost: number | null;
 }
 
 /** What a job runs. */
@@ -217,6 +225,15 @@ export interface IPlacement {
   satisfiable: boolean;
   summary: string;
   workers: IWorkerFit[];
+}
+
+/** What a queued job waits for: an instance being provisioned for it. */
+export interface IProvisioning {
+  instance_id: string;
+  provider: string;
+  state: InstanceState;
+  /** e.g. 'slurm job 1234 pending (Resources) in partition gpu' */
+  detail: string;
 }
 
 /** What one task needs from a worker. ``gpu_memory``, ``gpu_model``, ``min_compute_capability`` and ``gpu_memory_kind`` apply to each of the ``gpus`` reserved GPUs. ``selector`` lists worker labels that must match exactly. */
