@@ -160,7 +160,9 @@ class Tasks:
         ):
             reason = await self._cancel_reason(task) or reason  # how it was ended
         state = JobState(done.state)
-        stmts = await self._core.finish(task, state, done.exit_code, reason, retry=done.retry)
+        stmts = await self._core.finish(
+            task, state, done.exit_code, reason, retry=done.retry, reported=True
+        )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
         return stmts
