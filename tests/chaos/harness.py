@@ -47,12 +47,13 @@ END_SECONDS = 120.0
 #: (``beat``, every 0.05 s while it waits, after every line) and how many lines it
 #: is about to have printed (``printing``, written *before* each line, so it never
 #: counts fewer than were printed); it prints ``line 0`` .. ``line n-1`` (``pause``
-#: seconds apart), waiting before line ``hold`` until ``<folder>/gate`` exists, and
+#: seconds apart), waiting before line ``hold`` until ``<folder>/<gate>`` exists, and
 #: appends its job id to
 #: ``<folder>/ledger`` when it finishes (the side effect that must happen once).
 NUMBERED = r"""
 import os, sys, time
-folder, n, hold, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+folder, n, hold, pause, gate = sys.argv[1:]
+n, hold, pause = int(n), int(hold), float(pause)
 job, task = os.environ["GPULAYER_JOB_ID"], os.environ["GPULAYER_TASK_ID"]
 me = os.path.join(folder, task)
 def note(name, text):  # whole or not at all: the test may read it any time
@@ -62,7 +63,7 @@ def note(name, text):  # whole or not at all: the test may read it any time
 note("start", repr(time.time()))
 for i in range(n):
     if i == hold:
-        while not os.path.exists(os.path.join(folder, "gate")):
+        while not os.path.exists(os.path.join(folder, gate)):
             note("beat", repr(time.time()))
             time.sleep(0.05)
     note("printing", str(i + 1))
@@ -90,8 +91,8 @@ class Ledger:
     def gate(self) -> Path:
         return self.folder / "gate"
 
-    def open_gate(self) -> None:
-        self.gate.touch()
+    def open_gate(self, name: str = "gate") -> None:
+        (self.folder / name).touch()
 
     def entries(self) -> list[str]:
         path = self.folder / "ledger"
@@ -105,10 +106,11 @@ class Ledger:
         path = self.folder / f"{task_id}.{name}"
         return path.read_text() if path.exists() else None
 
-    def numbered(self, n: int, hold: int = -1, pause: float = 0.0) -> list[str]:
+    def numbered(self, n: int, hold: int = -1, pause: float = 0.0, gate: str = "gate") -> list[str]:
         """The command of a :data:`NUMBERED` job writing here (``hold`` -1: no gate;
-        ``pause``: seconds between lines)."""
-        return [PY, "-c", NUMBERED, str(self.folder), str(n), str(hold), str(pause)]
+        ``pause``: seconds between lines; ``gate``: the gate file's name)."""
+        argv = [str(self.folder), str(n), str(hold), str(pause), gate]
+        return [PY, "-c", NUMBERED, *argv]
 
 
 # ------------------------------------------------------------- the invariants
@@ -242,15 +244,13 @@ def alive(pid: int) -> bool:
 
 
 class Waiter(threading.Thread):
-    """Runs ``fn`` in a thread and keeps its answer or its exception."""
+    """Runs ``fn`` in a thread (once started) and keeps its answer or its exception."""
 
-    def __init__(self, fn: Callable[[], Any], join_seconds: float = END_SECONDS) -> None:
+    def __init__(self, fn: Callable[[], Any]) -> None:
         super().__init__(daemon=True)
         self._fn = fn
-        self._join_seconds = join_seconds
         self.value: Any = None
         self.error: BaseException | None = None
-        self.start()
 
     def run(self) -> None:
         try:
@@ -259,7 +259,7 @@ class Waiter(threading.Thread):
             self.error = e
 
     def answer(self) -> Any:
-        self.join(self._join_seconds)
+        self.join(END_SECONDS)
         assert not self.is_alive(), "still waiting long after the fault"
         if self.error is not None:
             raise self.error
@@ -278,3 +278,60 @@ def wait_lines(conn: Connection, job_id: str, at_least: int, what: str = "") -> 
         timeout=60,
         what=what or f"{at_least} lines of job {job_id} to be stored",
     )
+
+
+# ------------------------------------------------------------------------ maps
+
+
+def numbered_call(i: int, folder: str, lines: int, hold_from: int) -> int:
+    """One call of a chaos map: prints ``call i line 0`` .. ``line lines-1``; calls
+    from ``hold_from`` on then wait for the gate; appends ``item-i`` to the ledger
+    when it finishes (its side effect) and answers ``i * i``."""
+    import os
+    import time
+
+    for j in range(lines):
+        print(f"call {i} line {j}", flush=True)
+    if i >= hold_from:
+        while not os.path.exists(os.path.join(folder, "gate")):
+            time.sleep(0.05)
+    with open(os.path.join(folder, "ledger"), "a") as f:
+        f.write(f"item-{i}\n")
+    return i * i
+
+
+def map_once(ledger: Ledger, results: list[Any], failed_ok: Callable[[Any], bool]) -> None:
+    """(a) and (b) for a map over :func:`numbered_call`: one result per item, its value
+    or (where ``failed_ok`` admits it) an explicit failure; each item with a value did
+    its side effect exactly once, one that failed at most once."""
+    counts = ledger.counts()
+    for i, got in enumerate(results):
+        if isinstance(got, BaseException):
+            assert failed_ok(got), f"item {i}: {got!r}"
+            assert counts[f"item-{i}"] <= 1, f"item {i} failed but ran {counts[f'item-{i}']} times"
+        else:
+            assert got == i * i, f"item {i}: {got!r}"
+            assert counts[f"item-{i}"] == 1, f"item {i} ran {counts[f'item-{i}']} times"
+
+
+def map_logs_once(
+    conn: Connection, job_ids: Iterable[str], lines: int, before: Snapshot | None = None
+) -> None:
+    """(c) for a map over :func:`numbered_call`: in each attempt every call's lines are
+    ``0..k`` in order without duplicates; a call that finished printed all of them;
+    lines acknowledged before the fault are still there."""
+    for job_id in job_ids:
+        stored = list(stored_lines(conn, job_id))
+        if before is not None:
+            kept = {(ln.offset, ln.task_id, ln.text) for ln in stored}
+            missing = [x for x in before.lines.get(job_id, []) if x not in kept]
+            assert not missing, f"job {job_id}: acknowledged lines gone after the fault: {missing}"
+        by_call: dict[tuple[str | None, int], list[int]] = collections.defaultdict(list)
+        for ln in stored:
+            if m := _CALL_LINE.match(ln.text):
+                by_call[(ln.task_id, int(m[1]))].append(int(m[2]))
+        for (task_id, i), got in by_call.items():
+            assert got == list(range(len(got))), (
+                f"job {job_id} task {task_id}: call {i}'s lines out of order or twice: {got}"
+            )
+            assert len(got) <= lines
