@@ -30,6 +30,7 @@ from gpulayer.contracts import (
     JobState,
     LogPage,
     Placement,
+    ResultPartList,
 )
 from gpulayer.errors import (
     Conflict,
@@ -235,9 +236,12 @@ class Jobs:
         names = await self._core.fleet.all_names()
         jobs = [rows[i].model([], names, self._core.spec(rows[i])) for i in job_ids if i in rows]
         if with_results:
-            results = await self._core.store.results([j.id for j in jobs])
+            ids = [j.id for j in jobs]
+            results = await self._core.store.results(ids)
+            parts = await self._core.store.part_counts(ids)
             for j in jobs:
                 _attach(j, results.get(j.id))
+                j.result_parts = parts.get(j.id, 0)
         return jobs
 
     async def get(
@@ -251,6 +255,8 @@ class Jobs:
         job = row.model(tasks, names, core.spec(row))
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
+        if job.spec.function is not None and job.spec.function.calls > 1:
+            job.result_parts = (await core.store.part_counts([job_id])).get(job_id, 0)
         if job.state == JobState.queued:
             report, behind = await self._placer.queued_report(row, viewer)
             reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
@@ -296,6 +302,12 @@ class Jobs:
             return row.inline
         assert row.sha256 is not None
         return await self._core.blobs.read(row.sha256)
+
+    async def parts(self, job_id: str, viewer: Principal | None = None) -> ResultPartList:
+        """The outcomes kept apart from a function job's result: calls an attempt
+        finished before its worker died (docs/adr/0096)."""
+        await self.visible(job_id, viewer)
+        return ResultPartList(parts=await self._core.store.parts_of(job_id))
 
     async def artifacts(self, job_id: str, viewer: Principal | None = None) -> list[Artifact]:
         """A job's artifacts."""

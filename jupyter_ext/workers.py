@@ -318,6 +318,9 @@ class Workers:
         if spec.api_access and spec.in_session is None:
             api_token, stmt = self._tokens.for_task(job.owner, task.id)
             stmts.append(stmt)
+        done_calls: list[int] = []
+        if task.attempt > 1 and spec.function is not None and spec.function.calls > 1:
+            done_calls = await core.store.part_indexes(job.id)  # kept from earlier attempts
         return Assignment(
             task_id=task.id,
             job_id=task.job_id,
@@ -327,6 +330,7 @@ class Workers:
             gang=gangs.gang_of(task),
             api_token=api_token,
             owner=job.owner,
+            done_calls=done_calls,
         )
 
     # --------------------------------------------------------------- drain

@@ -67,7 +67,16 @@ from .resources import (
 from .server import ErrorBody, Health
 from .sessions import CreateSession, Session, SessionList
 from .storage import GcReport, GcRequest
-from .tasks import Acquired, Assignment, Gang, TaskCompletion
+from .tasks import (
+    Acquired,
+    Assignment,
+    CreateResultPart,
+    Gang,
+    ResultPart,
+    ResultPartBatch,
+    ResultPartList,
+    TaskCompletion,
+)
 from .tokens import CreatedToken, CreateToken, Role, Token, TokenList, TokenState
 from .training import (
     MetricAck,
@@ -113,6 +122,7 @@ __all__ = [
     "BaseModel",
     "BlobRef",
     "CellSpec",
+    "CreateResultPart",
     "CreateSession",
     "CreateToken",
     "CreatedToken",
@@ -153,6 +163,9 @@ __all__ = [
     "Placement",
     "Registered",
     "Resources",
+    "ResultPart",
+    "ResultPartBatch",
+    "ResultPartList",
     "Role",
     "Session",
     "SessionList",

@@ -12,6 +12,7 @@ built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
 
 from .jobs import JobQueries
 from .outputs import OutputQueries
+from .parts import PartQueries
 from .records import (
     ACTIVE_STATES,
     ArtifactRecord,
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 
-class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries):
+class Store(JobQueries, OutputQueries, WorkerQueries, TokenQueries, RetentionQueries, PartQueries):
     """Async access to the gpulayer database.
 
     Methods are small and named for what the services need; each write commits

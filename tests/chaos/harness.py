@@ -283,21 +283,24 @@ def wait_lines(conn: Connection, job_id: str, at_least: int, what: str = "") -> 
 # ------------------------------------------------------------------------ maps
 
 
-def numbered_call(i: int, folder: str, lines: int, hold_from: int) -> int:
-    """One call of a chaos map: prints ``call i line 0`` .. ``line lines-1``; calls
-    from ``hold_from`` on then wait for the gate; appends ``item-i`` to the ledger
-    when it finishes (its side effect) and answers ``i * i``."""
+def numbered_call(i: int, folder: str, lines: int, held: bool) -> int:
+    """One call of a chaos map: prints ``call i line 0`` .. ``line lines-1``; a
+    ``held`` call then waits for the gate; appends ``item-i`` to the ledger when it
+    finishes (its side effect) and answers ``i * i``."""
     import os
     import time
 
     for j in range(lines):
         print(f"call {i} line {j}", flush=True)
-    if i >= hold_from:
-        while not os.path.exists(os.path.join(folder, "gate")):
-            time.sleep(0.05)
+    while held and not os.path.exists(os.path.join(folder, "gate")):
+        time.sleep(0.05)
     with open(os.path.join(folder, "ledger"), "a") as f:
         f.write(f"item-{i}\n")
     return i * i
+
+
+def finished_items(ledger: Ledger) -> set[int]:
+    return {int(e.removeprefix("item-")) for e in ledger.entries() if e.startswith("item-")}
 
 
 def map_once(ledger: Ledger, results: list[Any], failed_ok: Callable[[Any], bool]) -> None:

@@ -4,15 +4,23 @@ their jobs run. Each test checks the three invariants of :mod:`.harness`."""
 import os
 import signal
 
+import psutil
+import pytest
+
 import gpulayer as gl
 from gpulayer import contracts
 
 from ..support import until
 from .harness import (
     acknowledged,
+    alive,
     ended,
     ends_sensibly,
+    finished_items,
     logs_once,
+    map_logs_once,
+    map_once,
+    numbered_call,
     once,
     wait_lines,
 )
@@ -100,3 +108,49 @@ def test_sigstop_of_a_worker_past_its_lease(plane, workers, ledger):
         assert {j.id: j.state for j in again.values()} == {j.id: j.state for j in jobs.values()}
         once(ledger, again)
         logs_once(conn, ledger, again, N, before)
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_kill_9_of_a_worker_mid_map(plane, workers, ledger, retries):
+    """Chunks of four calls; in each, two finish (their outcomes acknowledged) and two
+    hang when the worker dies. The finished calls are handed over once and never run
+    again; the others fail as ``lost``, or with retries run once more, elsewhere."""
+    victim = plane.add_worker(f"map-victim-{retries}", slots=2)
+    workers.append(f"map-victim-{retries}")
+    items, size = 16, 4
+    with plane.connection() as conn:
+        fn = gl.remote(numbered_call, retries=retries, connection=conn)
+        args = [(i, str(ledger.folder), 2, i % size >= 2) for i in range(items)]
+        run = fn.map(args, star=True, chunk_size=size, progress=False, return_exceptions=True)
+        on_victim = until(lambda: running_with_parts(conn, run.job_ids, 2), 60,
+                          "two chunks to run, each with two calls' outcomes kept")  # fmt: skip
+        finished = finished_items(ledger)
+        before = acknowledged(conn, run.job_ids)
+        plane.add_worker(f"map-spare-{retries}", slots=2)
+        workers.append(f"map-spare-{retries}")
+        tree = [p.pid for p in psutil.Process(victim.pid).children(recursive=True)]
+        os.kill(victim.pid, signal.SIGKILL)
+        until(lambda: not any(alive(p) for p in tree), 10, "the victim's runners to die")
+        ledger.open_gate()
+
+        results = list(run)
+        lost = {i for i, r in enumerate(results) if isinstance(r, BaseException)}
+        assert not lost & finished  # every call that finished is handed over
+        if retries:
+            assert not lost
+        else:  # exactly the killed chunks' unfinished calls
+            assert lost == {i for c in on_victim for i in range(c * size + 2, c * size + size)}
+        map_once(ledger, results, failed_ok=lambda e: getattr(e, "state", "") == "lost")
+        jobs = ended(conn, run.job_ids)
+        ends_sensibly(jobs, failure=lambda j: not retries and lost_with_its_worker(j))
+        map_logs_once(conn, run.job_ids, 2, before)
+
+
+def running_with_parts(conn, job_ids: list[str], parts: int) -> list[int]:
+    """The chunks (by position) running now, once two are and each has ``parts``
+    outcomes kept; else []."""
+    jobs = [conn.job(j) for j in job_ids]
+    running = [k for k, j in enumerate(jobs) if j.state == "running"]
+    if len(running) == 2 and all(jobs[k].result_parts == parts for k in running):
+        return running
+    return []
