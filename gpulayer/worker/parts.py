@@ -2,14 +2,16 @@
 ``.map`` chunk), shipped as the call returns, so the calls a task finished outlive
 its worker (docs/adr/0096).
 
-Parts are batched like log lines (gathered for a moment, one request in flight,
-resent through outages until the control plane takes them) and flushed before the
+A part is sent as soon as its call returns: until the control plane has it, a
+worker's death means the call runs again (or fails as ``lost``), so nothing waits to
+gather a batch. Parts that come while a request is in flight go in the next one
+(one request in flight, resent through outages until the control plane takes them),
+so a burst of small calls still costs few requests. They are flushed before the
 task's completion. A refusal (409: the task ended or was given up) stops the
 shipping: the control plane keeps nothing more from this attempt.
 """
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -27,15 +29,13 @@ Send = Callable[[c.ResultPartBatch], Awaitable[bool]]
 class PartShipper:
     """Ships one task's result parts in order, batched, one request in flight."""
 
-    def __init__(self, task_id: str, send: Send, *, batch_seconds: float) -> None:
+    def __init__(self, task_id: str, send: Send) -> None:
         self.task_id = task_id
         self._send = send
-        self._batch_seconds = batch_seconds
         self._queued: list[c.CreateResultPart] = []
         self._arrived = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._urgent = asyncio.Event()
         self._stopped = False
 
     def add(self, index: int, outcome: bytes) -> None:
@@ -48,7 +48,6 @@ class PartShipper:
 
     async def flush(self) -> None:
         """Wait until every part queued so far was taken (or given up on)."""
-        self._urgent.set()
         self._arrived.set()
         await self._drained.wait()
 
@@ -64,9 +63,6 @@ class PartShipper:
         while not self._stopped:
             await self._arrived.wait()
             self._arrived.clear()
-            if self._queued and len(self._queued) < MAX_BATCH_PARTS:
-                with contextlib.suppress(TimeoutError):  # gather the parts of a burst
-                    await asyncio.wait_for(self._urgent.wait(), self._batch_seconds)
             while self._queued and not self._stopped:
                 batch: list[c.CreateResultPart] = []
                 size = 0

@@ -126,7 +126,7 @@ class Pipeline:
         fn = assignment.spec.function
         if fn is not None and fn.calls > 1 and assignment.gang is None:
             send = functools.partial(self._send_parts, task_id)
-            task.parts = PartShipper(task_id, send, batch_seconds=self._log_batch_seconds)
+            task.parts = PartShipper(task_id, send)
             task.parts_loop = asyncio.create_task(task.parts.run(), name=f"parts-{task_id}")
         self._launcher.expect(assignment)
         task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
