@@ -164,6 +164,12 @@ class Outcome:
     message: str = ""
     traceback: str = ""
 
+    @property
+    def skipped(self) -> bool:
+        """A call this attempt did not make: an earlier attempt finished it and its
+        outcome is kept apart (a result part, docs/adr/0096)."""
+        return not self.ok and self.error_type == SKIPPED
+
     def error(self) -> BaseException | None:
         """The remote exception, unpickled, or None when it cannot be here."""
         if self.error_pickle is None:
@@ -175,6 +181,16 @@ class Outcome:
         return exc if isinstance(exc, BaseException) else None
 
 
+#: ``Outcome.error_type`` of a call a retry did not make (:attr:`Outcome.skipped`).
+SKIPPED = "gpulayer.skipped"
+
+
+def skipped() -> Outcome:
+    """The placeholder outcome of a call an earlier attempt finished."""
+    why = "made by an earlier attempt of this job; its outcome is kept as a result part"
+    return Outcome(False, None, None, SKIPPED, why, "")
+
+
 @dataclass(frozen=True)
 class Summary:
     """What a worker needs to know about a finished payload without unpickling it."""
@@ -184,12 +200,20 @@ class Summary:
     first_error: str  # "ValueError: bad input" of the first call that raised, or ""
 
 
-def run_calls(data: bytes | memoryview) -> tuple[bytes, Summary]:
+def run_calls(
+    data: bytes | memoryview,
+    *,
+    skip: Iterable[int] = (),
+    on_outcome: Callable[[int, Outcome], None] | None = None,
+) -> tuple[bytes, Summary]:
     """Unpack a ``calls`` payload, make each call, and pack the outcomes.
 
     Never raises for what the user's function does: an exception (including
     ``KeyboardInterrupt``/``SystemExit``) becomes that call's outcome. A payload
-    that cannot be unpacked is one failed outcome that explains why.
+    that cannot be unpacked is one failed outcome that explains why. Calls whose
+    index is in ``skip`` are not made (their outcome is :func:`skipped`, counted
+    neither as a call nor as an error); ``on_outcome(index, outcome)`` hears of
+    each call made as soon as it returned.
     """
     try:
         fn, calls = unpack(data, "calls")
@@ -197,19 +221,36 @@ def run_calls(data: bytes | memoryview) -> tuple[bytes, Summary]:
         outcomes = [_failure(e, skip=0)]
     else:
         outcomes = []
-        for args, kwargs in calls:
+        done = frozenset(skip)
+        for index, (args, kwargs) in enumerate(calls):
+            if index in done:
+                outcomes.append(skipped())
+                continue
             try:
-                outcomes.append(Outcome(True, fn(*args, **kwargs)))
+                outcome = Outcome(True, fn(*args, **kwargs))
             except BaseException as e:  # the user's exception is the call's answer
-                outcomes.append(_failure(e, skip=1))
+                outcome = _failure(e, skip=1)
+            outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(index, outcome)
     try:
         packed = pack("outcomes", outcomes, what="the result")
     except PayloadError:  # a value that cannot travel becomes that call's error
         outcomes = [_sendable(o) for o in outcomes]
         packed = pack("outcomes", outcomes, what="the result")
-    failed = [o for o in outcomes if not o.ok]
+    made = [o for o in outcomes if not o.skipped]
+    failed = [o for o in made if not o.ok]
     first = f"{failed[0].error_type}: {failed[0].message}" if failed else ""
-    return packed, Summary(len(outcomes), len(failed), first)
+    return packed, Summary(len(made), len(failed), first)
+
+
+def pack_outcome(outcome: Outcome) -> bytes:
+    """One call's outcome as an ``outcomes`` payload of its own (a result part); a
+    value that cannot travel becomes that call's error, as in :func:`run_calls`."""
+    try:
+        return pack("outcomes", [outcome], what="the result")
+    except PayloadError:
+        return pack("outcomes", [_sendable(outcome)], what="the result")
 
 
 def _sendable(o: Outcome) -> Outcome:

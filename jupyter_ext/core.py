@@ -203,14 +203,17 @@ class Core:
         reason: str | None,
         *,
         retry: bool = True,
+        reported: bool = False,
     ) -> list[Statement]:
         """Statements that end ``task`` and move its job on (lock held); ``retry``
-        False ends the job even when attempts are left (the failure is its answer)."""
+        False ends the job even when attempts are left (the failure is its answer);
+        ``reported``: the worker reported the end itself, its lines flushed first
+        (otherwise a ``lost`` task was given up, and its log says so)."""
         job = await self.job(task.job_id)
         spec = self.spec(job)
         why = reason or ("exit code 0" if state == JobState.succeeded else state.value)
         now = self.clock()
-        gap = await self._lost_lines(task, state, now)
+        gap = [] if reported else await self._lost_lines(task, state, now)
         if gangs.is_gang(spec):
             tasks = await self.store.tasks_of_job(job.id)
             names = await self.fleet.all_names()
@@ -225,16 +228,24 @@ class Core:
         )
 
     async def _lost_lines(self, task: TaskRecord, state: JobState, now: float) -> list[Statement]:
-        """A ``system`` line recording the log lines a lost task produced that never
-        arrived ("3 lines lost when local-2 died"): a gap is said, never silent."""
+        """A ``system`` line ending the log of a task given up as ``lost``: how many of
+        the lines it produced never arrived ("3 lines lost when local-2 died"), when
+        its worker's last heartbeat counted more than were stored; else that lines it
+        printed after that heartbeat may be missing. A gap is said, never silent."""
+        if state != JobState.lost or task.started_at is None:
+            return []  # (one that never started printed nothing)
         produced = self.fleet.lines_produced(task.worker_id, task.id)
-        if state != JobState.lost or produced is None or produced <= task.log_seq:
-            return []
-        missing = produced - task.log_seq
         names = await self.fleet.names({task.worker_id})
         worker = names.get(task.worker_id or "", task.worker_id or "its worker")
-        text = (
-            f"── {missing} line{'s' if missing != 1 else ''} of attempt {task.attempt}"
-            f" lost when {worker} died (produced, never delivered)"
-        )
+        if produced is not None and produced > task.log_seq:
+            missing = produced - task.log_seq
+            text = (
+                f"── {missing} line{'s' if missing != 1 else ''} of attempt {task.attempt}"
+                f" lost when {worker} died (produced, never delivered)"
+            )
+        else:
+            text = (
+                f"── attempt {task.attempt} lost when {worker} died: lines it printed after"
+                " the last one above may be missing"
+            )
         return append_system_line(task.job_id, task.id, now, text)

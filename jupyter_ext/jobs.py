@@ -30,6 +30,7 @@ from gpulayer.contracts import (
     JobState,
     LogPage,
     Placement,
+    ResultPartList,
 )
 from gpulayer.errors import (
     Conflict,
@@ -250,9 +251,12 @@ class Jobs:
             if i in rows
         ]
         if with_results:
-            results = await self._core.store.results([j.id for j in jobs])
+            ids = [j.id for j in jobs]
+            results = await self._core.store.results(ids)
+            parts = await self._core.store.part_counts(ids)
             for j in jobs:
                 _attach(j, results.get(j.id))
+                j.result_parts = parts.get(j.id, 0)
         return jobs
 
     async def get(
@@ -270,6 +274,8 @@ class Jobs:
         job.provisioning = core.board.queued_note(job.id, job.state)
         if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
             job.cost = job_cost(spans, core.clock())
+        if job.spec.function is not None and job.spec.function.calls > 1:
+            job.result_parts = (await core.store.part_counts([job_id])).get(job_id, 0)
         if job.state == JobState.queued:
             report, behind = await self._placer.queued_report(row, viewer)
             reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
@@ -327,6 +333,12 @@ class Jobs:
             return row.inline
         assert row.sha256 is not None
         return await self._core.blobs.read(row.sha256)
+
+    async def parts(self, job_id: str, viewer: Principal | None = None) -> ResultPartList:
+        """The outcomes kept apart from a function job's result: calls an attempt
+        finished before its worker died (docs/adr/0096)."""
+        await self.visible(job_id, viewer)
+        return ResultPartList(parts=await self._core.store.parts_of(job_id))
 
     async def artifacts(self, job_id: str, viewer: Principal | None = None) -> list[Artifact]:
         """A job's artifacts."""

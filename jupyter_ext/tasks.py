@@ -22,6 +22,7 @@ from gpulayer.contracts import (
     JobState,
     LogAck,
     LogBatch,
+    ResultPartBatch,
     Task,
     TaskCompletion,
     WorkerState,
@@ -36,7 +37,7 @@ from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
 from .store import ArtifactRecord, Statement, TaskRecord
-from .store.writes import put_result
+from .store.writes import forget_parts_of, put_result
 from .streams import logs_key
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,24 @@ class Tasks:
         sha, size = await self._store_blob(data)
         return BlobRef(sha256=sha, size=size)
 
+    async def add_parts(
+        self, reporter: Principal | None, task_id: str, batch: ResultPartBatch
+    ) -> None:
+        """Keep the outcomes of calls a function task finished (docs/adr/0096), so they
+        outlive an attempt that never delivers its result; a part kept already stays."""
+        task = await self.open_task(reporter, task_id, "results")
+        fn = self._core.spec(await self._core.job(task.job_id)).function
+        if fn is None:
+            raise ValidationError("only a function task has result parts", field="parts")
+        for part in batch.parts:
+            if part.index >= fn.calls:
+                raise ValidationError(
+                    f"call {part.index} is not in this task's payload of {fn.calls} call(s)",
+                    field="parts.index",
+                )
+        parts = [(p.index, p.outcome) for p in batch.parts]
+        await self._core.store.put_parts(task.job_id, task.id, task.attempt, parts)
+
     async def _store_blob(self, data: bytes | BlobUpload) -> tuple[str, int]:
         if isinstance(data, BlobUpload):
             return await data.commit()
@@ -173,9 +192,12 @@ class Tasks:
         ):
             reason = await self._cancel_reason(task) or reason  # how it was ended
         state = JobState(done.state)
-        stmts = await self._core.finish(task, state, done.exit_code, reason, retry=done.retry)
+        stmts = await self._core.finish(
+            task, state, done.exit_code, reason, retry=done.retry, reported=True
+        )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
+            stmts.append(forget_parts_of(task.id))  # the result holds them too
         return stmts
 
     async def _is_session(self, job_id: str) -> bool:

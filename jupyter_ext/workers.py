@@ -328,6 +328,9 @@ class Workers:
         values, notes = await self._secrets.for_task(job, spec)
         for text in notes:  # a secret deleted (or unreadable) since the submit
             stmts += append_system_line(job.id, task.id, now, text)
+        done_calls: list[int] = []
+        if task.attempt > 1 and spec.function is not None and spec.function.calls > 1:
+            done_calls = await core.store.part_indexes(job.id)  # kept from earlier attempts
         return Assignment(
             task_id=task.id,
             job_id=task.job_id,
@@ -338,6 +341,7 @@ class Workers:
             api_token=api_token,
             owner=job.owner,
             secrets={k: SecretStr(v) for k, v in values.items()},
+            done_calls=done_calls,
         )
 
     # --------------------------------------------------------------- drain

@@ -350,6 +350,12 @@ class Connection:
         wait, so it rides through an outage as the wait does)."""
         return self._request("GET", f"jobs/{_seg(job_id)}/result", retry=True).content
 
+    def result_parts(self, job_id: str) -> contracts.ResultPartList:
+        """``GET jobs/{id}/parts``: outcomes of a function job's calls kept apart from
+        its result (calls an attempt finished before its worker died; docs/adr/0096)."""
+        resp = self._request("GET", f"jobs/{_seg(job_id)}/parts", retry=True)
+        return self._parse(resp, contracts.ResultPartList)
+
     def jobs(self, state: str | None = None, limit: int = 100) -> list[contracts.Job]:
         """``GET jobs``: the newest jobs, optionally only those in ``state``."""
         params: dict[str, str | int | float] = {"limit": limit}

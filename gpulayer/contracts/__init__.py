@@ -90,7 +90,16 @@ from .secrets import (
 from .server import ErrorBody, Health
 from .sessions import CreateSession, Session, SessionList
 from .storage import GcReport, GcRequest
-from .tasks import Acquired, Assignment, Gang, TaskCompletion
+from .tasks import (
+    Acquired,
+    Assignment,
+    CreateResultPart,
+    Gang,
+    ResultPart,
+    ResultPartBatch,
+    ResultPartList,
+    TaskCompletion,
+)
 from .tokens import CreatedToken, CreateToken, Role, Token, TokenList, TokenState
 from .training import (
     MetricAck,
@@ -139,6 +148,7 @@ __all__ = [
     "BaseModel",
     "BlobRef",
     "CellSpec",
+    "CreateResultPart",
     "CreateSession",
     "CreateToken",
     "CreatedToken",
@@ -188,6 +198,9 @@ __all__ = [
     "Provisioning",
     "Registered",
     "Resources",
+    "ResultPart",
+    "ResultPartBatch",
+    "ResultPartList",
     "Role",
     "Secret",
     "SecretList",

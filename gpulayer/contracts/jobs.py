@@ -306,6 +306,11 @@ class Job(DocumentModel):
     )
     result_size: int | None = Field(default=None, description="bytes of a function job's result")
     log_lines: int = Field(default=0, description="lines of output stored so far")
+    result_parts: int = Field(
+        default=0,
+        description="a function job of several calls: outcomes kept apart from its result"
+        " (calls an attempt finished before its worker died; GET jobs/{id}/parts)",
+    )
     pending_reasons: list[str] = Field(
         default=[], description="while queued: per worker, why the job does not fit there"
     )

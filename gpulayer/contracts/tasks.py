@@ -43,6 +43,12 @@ class Assignment(DocumentModel):
         description="the job's owner: a worker keeps function runners and session kernels"
         " per owner, never shared",
     )
+    done_calls: list[int] = Field(
+        default=[],
+        description="function tasks: the calls an earlier attempt finished (their outcomes"
+        " are kept as result parts); the worker does not make them again",
+    )
+
     secrets: dict[str, SecretStr] = Field(
         default={},
         description="the values of the secrets the job names, by name: for this task's"
@@ -88,3 +94,43 @@ class TaskCompletion(RequestModel):
         default=None, description="a function task's outcomes, PUT to tasks/{id}/result first"
     )
     retry: bool = Field(default=True, description="false: a failure that retrying cannot change")
+
+
+class CreateResultPart(RequestModel):
+    """One call's outcome of a function task, shipped as soon as the call finished."""
+
+    model_config = BASE64_BYTES
+
+    index: int = Field(ge=0, description="the call's position in the task's payload")
+    outcome: bytes = Field(
+        max_length=INLINE_BYTES, description="an ``outcomes`` payload of that one call"
+    )
+
+
+class ResultPartBatch(RequestModel):
+    """Calls of one function task that finished since the last batch
+    (``POST tasks/{id}/parts``); a part sent twice is kept once."""
+
+    model_config = BASE64_BYTES
+
+    parts: list[CreateResultPart] = Field(max_length=1000)
+
+
+class ResultPart(DocumentModel):
+    """A call's outcome kept apart from its job's result: what an attempt that did not
+    deliver a result (its worker died) had finished."""
+
+    model_config = BASE64_BYTES
+
+    index: int
+    attempt: int
+    outcome: bytes
+
+
+class ResultPartList(DocumentModel):
+    """``GET jobs/{id}/parts``: the kept outcomes of a function job's calls, by index."""
+
+    model_config = BASE64_BYTES
+
+    api_version: str = API_VERSION
+    parts: list[ResultPart]

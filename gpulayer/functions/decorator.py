@@ -198,10 +198,10 @@ class RemoteFunction(Generic[P, R]):
             Most calls running at once (default: as many as the workers' slots).
         chunk_size
             Calls per job; default spreads the items over a few jobs per slot, so
-            a burst of small calls costs a few requests, not one per item. With
-            ``retries`` the default is one call per job: a lost worker then costs
-            only the calls it was making, and the retries rerun only those, never a
-            call that finished (a chunk is retried whole).
+            a burst of small calls costs a few requests, not one per item. Each
+            call's outcome is kept as it finishes, so a chunk whose worker dies
+            still hands over the calls it finished (the rest fail as ``lost``), and
+            its retries (``retries``) make only the calls that did not finish.
         progress
             Show progress: a widget in a notebook, a bar in a terminal (default:
             where one of them is available). While calls are queued it says why
@@ -220,8 +220,6 @@ class RemoteFunction(Generic[P, R]):
             chunk_size = 1
         conn = self._conn()
         parallel = max_parallel or max(1, slots(conn, self._spec))
-        if chunk_size is None and self._spec.retries:
-            chunk_size = 1  # a retry reruns its whole job: keep that to the lost call
         size = chunk_size or max(
             1, min(_MAX_CHUNK, math.ceil(len(items) / (parallel * _CHUNKS_PER_SLOT)))
         )

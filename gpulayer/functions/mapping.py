@@ -11,7 +11,7 @@ from gpulayer import contracts, errors, payload
 from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
 from gpulayer.client.pending import NOTE_AFTER_SECONDS, why_queued
-from gpulayer.functions.tracebacks import exception, outcomes
+from gpulayer.functions.tracebacks import call_outcomes, exception
 from gpulayer.notebook.progress import Bar
 
 R = TypeVar("R")
@@ -151,8 +151,9 @@ class MapRun(Generic[R]):
                 continue  # answered twice (a wait repeated after an outage): taken already
             chunk = self._chunks[self._pending.pop(info.id)]
             self._infos[info.id] = info
-            try:
-                got = outcomes(self._conn, info)
+            failure: Exception
+            try:  # a chunk whose worker died still hands over the calls it finished
+                got = call_outcomes(self._conn, info, len(chunk))
             except errors.GpulayerError as e:
                 got, failure = [], e
             else:
@@ -160,13 +161,13 @@ class MapRun(Generic[R]):
             for k, index in enumerate(chunk):
                 if index in self._ready or index in self._delivered:
                     continue  # never two results for one item
-                if k < len(got):
-                    o = got[k]
-                    entry = (
-                        (True, o.value) if o.ok else (False, exception(o, info, self._fn.function))
-                    )
+                o = got[k] if k < len(got) else None
+                if o is None:
+                    entry: tuple[bool, Any] = (False, failure)
+                elif o.ok:
+                    entry = (True, o.value)
                 else:
-                    entry = (False, failure)
+                    entry = (False, exception(o, info, self._fn.function))
                 self._ready[index] = entry
                 self._order.append(index)
             self._progress.update(len(chunk))

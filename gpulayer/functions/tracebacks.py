@@ -26,6 +26,23 @@ def outcomes(conn: Connection, info: contracts.Job) -> list[payload.Outcome]:
     return got
 
 
+def call_outcomes(
+    conn: Connection, info: contracts.Job, calls: int
+) -> list[payload.Outcome | None]:
+    """The outcome of each of an ended function job's ``calls``, None for a call that
+    never finished: from the call's result part when one is kept (an earlier attempt
+    made it, or the attempt that made it delivered no result; docs/adr/0096), else
+    from the job's result."""
+    got: list[payload.Outcome | None] = [*outcomes(conn, info)]
+    got = [None if o is None or o.skipped else o for o in got[:calls]]
+    got += [None] * (calls - len(got))
+    if info.result_parts and None in got:
+        for part in conn.result_parts(info.id).parts:
+            if part.index < calls and got[part.index] is None:
+                (got[part.index],) = payload.unpack(part.outcome, "outcomes")
+    return got
+
+
 def value(
     outcome: payload.Outcome | None, info: contracts.Job, fn: Callable[..., Any] | None
 ) -> Any:

@@ -39,7 +39,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 _LEN_BYTES = 8
 _MAX_FRAME_BYTES = 1 << 30  # a runner that announces more is broken (or hostile)
 _START_TIMEOUT_SECONDS = 60.0
+
+#: ``on_part(index, outcome)``: one call's outcome (an ``outcomes`` payload) as it returned.
+PartCallback = Callable[[int, bytes], None]
 
 #: ``(owner, gpu indices, job env)``; owner None: a fresh runner nobody has claimed.
 Key = tuple[str | None, tuple[int, ...], tuple[tuple[str, str], ...]]
@@ -156,9 +159,19 @@ class Runner:
         return self.proc.returncode is None
 
     async def call(
-        self, call_id: str, data: bytes, env: Mapping[str, str], cwd: Path, on_line: LineCallback
+        self,
+        call_id: str,
+        data: bytes,
+        env: Mapping[str, str],
+        cwd: Path,
+        on_line: LineCallback,
+        *,
+        skip: Sequence[int] = (),
+        on_part: PartCallback | None = None,
     ) -> tuple[bytes, Summary]:
-        """Make one call; lines it prints go to ``on_line`` as they come.
+        """Make the payload's calls (but those in ``skip``); lines they print go to
+        ``on_line`` as they come, and, with ``on_part``, each call's outcome as it
+        returns (a result part, docs/adr/0096).
 
         Raises
         ------
@@ -169,7 +182,8 @@ class Runner:
         self.on_line = on_line
         self.calls += 1
         try:
-            frame = pickle.dumps(("call", call_id, data, dict(env), str(cwd)), protocol=5)
+            request = ("call", call_id, data, dict(env), str(cwd), list(skip), on_part is not None)
+            frame = pickle.dumps(request, protocol=5)
             self.proc.stdin.write(len(frame).to_bytes(_LEN_BYTES, "big"))
             self.proc.stdin.write(frame)
             try:
@@ -182,6 +196,8 @@ class Runner:
                     raise RunnerDied(await self._exit_code())
                 if msg[0] == "out":
                     on_line(msg[1], msg[2], datetime.now(UTC))
+                elif msg[0] == "part" and msg[1] == call_id and on_part is not None:
+                    on_part(msg[2], msg[3])
                 elif msg[0] == "done" and msg[1] == call_id:
                     return msg[2], msg[3]
         finally:
@@ -189,7 +205,7 @@ class Runner:
             self.idle_since = time.monotonic()
 
     async def _recv(self) -> tuple[Any, ...] | None:
-        """The next frame (``ready``, ``out`` or ``done`` with its outcomes), checked;
+        """The next frame (``ready``, ``out``, ``part`` or ``done`` with its outcomes), checked;
         None at end of file.
 
         Raises
@@ -207,6 +223,11 @@ class Runner:
                 return ("ready", msg[1])
             if kind == "out" and len(msg) == 3 and isinstance(msg[2], str):
                 return ("out", c.LogStream(msg[1]), msg[2])
+            if kind == "part" and len(msg) == 3 and isinstance(msg[1], str):
+                index = msg[2]
+                part = await self._frame()
+                if type(index) is int and index >= 0 and part is not None:
+                    return ("part", msg[1], index, part)
             if kind == "done" and len(msg) == 5:
                 _, call_id, calls, errors, first_error = msg
                 summary = Summary(int(calls), int(errors), str(first_error))
@@ -444,8 +465,10 @@ class FunctionRun:
         env: Mapping[str, str],
         cwd: Path,
         on_line: LineCallback,
+        on_part: PartCallback | None = None,
     ) -> None:
         self._pool = pool
+        self._on_part = on_part  # each call's outcome as it returns (calls > 1)
         self._a = assignment
         self._data = data
         self._env = dict(env)  # the per-call variables (task_vars)
@@ -475,9 +498,11 @@ class FunctionRun:
         if self._cancelled.is_set():
             return RunOutcome("cancelled", None, self._cancel_reason)
         runner = self._runner = await self._pool.take(key_for(self._a))
-        call = asyncio.create_task(
-            runner.call(self._a.task_id, self._data, self._env, self._cwd, self._on_line)
-        )
+        making = runner.call(
+            self._a.task_id, self._data, self._env, self._cwd, self._on_line,
+            skip=self._a.done_calls, on_part=self._on_part,
+        )  # fmt: skip
+        call = asyncio.create_task(making)
         stop = asyncio.create_task(self._cancelled.wait())
         try:
             done, _ = await asyncio.wait({call, stop}, timeout=spec.timeout,

@@ -114,9 +114,11 @@ class Launcher:
             return self._gang_call_run(task, folder, payload)
         # The runner has the rest of the environment already.
         env = task_vars(a, folder.artifacts, self._control_plane)
+        on_part = task.parts.add if task.parts is not None else None
         return FunctionRun(
-            self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add
-        )
+            self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add,
+            on_part=on_part,
+        )  # fmt: skip
 
     def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
         """A command, alone or as one node of a gang; its training metrics followed."""

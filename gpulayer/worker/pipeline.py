@@ -1,9 +1,9 @@
 """Run and deliver one task at a time, each in its own pipeline::
 
-    start      log shipper, record            (the assignment arrived)
+    start      log shipper (and result-part shipper), record   (the assignment arrived)
     run        slot -> Run from the launcher -> cancel guard -> run to its outcome
-    deliver    flush logs and training metrics -> upload artifacts -> upload a large
-               result -> complete
+    deliver    flush logs, result parts and training metrics -> upload artifacts ->
+               upload a large result -> complete
     clean up   remove the task's folder, forget the task
 
 Delivery keeps this order, so that a client that sees the task ended also sees
@@ -39,6 +39,7 @@ from gpulayer.errors import GpulayerError
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.lease import Lease
 from gpulayer.worker.logs import LogShipper
+from gpulayer.worker.parts import PartShipper
 from gpulayer.worker.record import TaskRecord
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
@@ -122,6 +123,11 @@ class Pipeline:
         logs = LogShipper(task_id, functools.partial(self._send_logs, task_id), batch_seconds=batch)
         send_metrics = functools.partial(self._send_metrics, task_id)
         task = self.tasks[task_id] = TaskRecord(assignment, logs, send_metrics)
+        fn = assignment.spec.function
+        if fn is not None and fn.calls > 1 and assignment.gang is None:
+            send = functools.partial(self._send_parts, task_id)
+            task.parts = PartShipper(task_id, send)
+            task.parts_loop = asyncio.create_task(task.parts.run(), name=f"parts-{task_id}")
         self._launcher.expect(assignment)
         task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
         task.pipeline = asyncio.create_task(self._pipeline(task), name=f"task-{task_id}")
@@ -180,6 +186,10 @@ class Pipeline:
             task.logs.stop()
             if task.shipper is not None:
                 task.shipper.cancel()
+            if task.parts is not None:
+                task.parts.stop()
+            if task.parts_loop is not None:
+                task.parts_loop.cancel()
             if task.metrics_loop is not None:
                 task.metrics_loop.cancel()
             if task.dir is not None:
@@ -209,6 +219,8 @@ class Pipeline:
         """Flush logs, upload artifacts, complete: in this order, so that a client
         that sees the task ended also sees all its output."""
         await task.logs.flush()
+        if task.parts is not None:
+            await task.parts.flush()  # the calls it finished, even when it ends without a result
         if task.metrics is not None:
             await task.metrics.flush()
         if task.dir is not None:
@@ -245,6 +257,15 @@ class Pipeline:
         if resp.status_code == 409 and (task := self.tasks.get(task_id)):
             task.abandon(f"metrics refused: {describe(resp)}")  # e.g. a stale attempt
         return None
+
+    async def _send_parts(self, task_id: str, batch: c.ResultPartBatch) -> bool:
+        resp = await self._uplink.call("POST", f"tasks/{task_id}/parts", body=batch)
+        if resp.is_success:
+            return True
+        log.warning("result parts of task %s refused: %s", task_id, describe(resp))
+        if resp.status_code == 409 and (task := self.tasks.get(task_id)):
+            task.abandon(f"result parts refused: {describe(resp)}")  # e.g. a stale attempt
+        return False
 
     async def _send_logs(self, task_id: str, batch: c.LogBatch) -> c.LogAck | None:
         resp = await self._uplink.call("POST", f"tasks/{task_id}/logs", body=batch)

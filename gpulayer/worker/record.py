@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from gpulayer import contracts as c
 from gpulayer.worker.logs import LogShipper
+from gpulayer.worker.parts import PartShipper
 from gpulayer.worker.runs import Run
 from gpulayer.worker.training_metrics import METRICS_FILE_ENV, TrainingMetricsFollower
 from gpulayer.worker.workspace import TaskDir
@@ -39,6 +40,8 @@ class TaskRecord:
     abandoned: bool = False  # the control plane gave up on it: report nothing more
     released: bool = False  # the worker stops: report ``lost``, so it is retried
     fenced: bool = False  # stopped because the lease may be lost: report ``lost``
+    parts: PartShipper | None = None  # a function task of several calls: their outcomes
+    parts_loop: "asyncio.Task[None] | None" = None
 
     @property
     def id(self) -> str:
@@ -68,6 +71,8 @@ class TaskRecord:
             log.info("task %s abandoned: %s", self.id, why)
         self.abandoned = True
         self.logs.stop()
+        if self.parts is not None:
+            self.parts.stop()
         self.cancel(why)
 
     def follow_metrics(self, env: dict[str, str]) -> None:

@@ -6,11 +6,16 @@ Started by :class:`gpulayer.worker.functions.RunnerPool` as
 
 Frames on its stdin/stdout (8-byte big-endian length, then the body)::
 
-    worker -> runner   pickle ("call", call_id, payload, env, cwd)
+    worker -> runner   pickle ("call", call_id, payload, env, cwd, skip, parts)
     runner -> worker   JSON   ["ready", pid]
                        JSON   ["out", "stdout" | "stderr", text]   what the call printed, by line
+                       JSON   ["part", call_id, index], then that one call's outcome as a
+                       raw frame (only with ``parts``: as each call of a chunk returns)
                        JSON   ["done", call_id, calls, errors, first_error], then the
                        outcomes as one raw frame
+
+``skip`` lists the calls of the payload not to make (an earlier attempt finished
+them, docs/adr/0096).
 
 The runner runs user code, so the worker never unpickles what it sends: only JSON
 and the outcomes' bytes, which go to the job's client as they are.
@@ -31,6 +36,8 @@ from typing import Any, BinaryIO
 from gpulayer import payload
 
 _LEN = struct.Struct(">Q")
+#: The largest result part sent (``CreateResultPart.outcome``'s limit, INLINE_BYTES).
+PART_MAX_BYTES = 256 * 1024
 #: Bound now: a call that replaces ``json.dumps`` must not break the runner's frames.
 _encode = json.JSONEncoder().encode
 
@@ -127,14 +134,24 @@ def main() -> None:
     channel.send("ready", os.getpid())
     per_call: set[str] = set()
     while (msg := channel.recv()) is not None:
-        _, call_id, data, env, cwd = msg
+        _, call_id, data, env, cwd, skip, parts = msg
         for key in per_call - env.keys():
             os.environ.pop(key, None)
         os.environ.update(env)
         per_call = set(env)
         os.chdir(cwd)
         sys.path[0] = cwd
-        result, summary = payload.run_calls(data)
+        on_outcome = None
+        if parts:
+
+            def on_outcome(index: int, outcome: payload.Outcome, call_id: str = call_id) -> None:
+                out.flush()  # its prints before its part
+                err.flush()
+                part = payload.pack_outcome(outcome)
+                if len(part) <= PART_MAX_BYTES:  # a larger one travels with the result only
+                    channel.send("part", call_id, index, raw=part)
+
+        result, summary = payload.run_calls(data, skip=skip, on_outcome=on_outcome)
         out.flush()
         err.flush()
         channel.send(

@@ -139,6 +139,17 @@ class JobResultHandler(GpulayerAPIHandler):
         self.send_bytes(await self.gl.jobs.result(job_id, self.who))
 
 
+class JobPartsHandler(GpulayerAPIHandler):
+    """``GET jobs/{id}/parts``: outcomes of a function job's calls kept apart from its
+    result (calls an attempt finished before its worker died)."""
+
+    @allow_unauthenticated
+    @requires(*READ)
+    async def get(self, job_id: str) -> None:
+        """The kept outcomes, by call index."""
+        self.reply(await self.gl.jobs.parts(job_id, self.who))
+
+
 class JobWaitHandler(GpulayerAPIHandler):
     """``GET jobs/{id}/wait?timeout=S``: long poll until the job ends."""
 
@@ -269,6 +280,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"jobs/wait", JobsWaitHandler),
     (rf"jobs/{JOB}", JobHandler),
     (rf"jobs/{JOB}/result", JobResultHandler),
+    (rf"jobs/{JOB}/parts", JobPartsHandler),
     (rf"jobs/{JOB}/wait", JobWaitHandler),
     (rf"jobs/{JOB}/cancel", JobCancelHandler),
     (rf"jobs/{JOB}/interrupt", JobInterruptHandler),

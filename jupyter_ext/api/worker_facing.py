@@ -13,7 +13,14 @@ from collections.abc import Sized
 import pydantic
 from jupyter_server.auth.decorator import allow_unauthenticated
 
-from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion, WorkerRegistration
+from gpulayer.contracts import (
+    ArtifactName,
+    Heartbeat,
+    LogBatch,
+    ResultPartBatch,
+    TaskCompletion,
+    WorkerRegistration,
+)
 from gpulayer.errors import PayloadTooLarge, ValidationError
 
 from ..auth import bearer_token, requires
@@ -148,6 +155,22 @@ class TaskResultHandler(GpulayerAPIHandler):
         self.reply(await self.gl.tasks.add_result(self.who, task_id, self.uploaded), 201)
 
 
+class TaskPartsHandler(GpulayerAPIHandler):
+    """``POST tasks/{id}/parts``: outcomes of calls a function task finished."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A batch of outcomes may pass the JSON limit, as a log batch may."""
+        return self.limits.max_batch_bytes
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, task_id: str) -> None:
+        """Keep them (a part kept already stays); 204."""
+        await self.gl.tasks.add_parts(self.who, task_id, self.parse(ResultPartBatch))
+        self.no_content()
+
+
 class TaskCompleteHandler(GpulayerAPIHandler):
     """``POST tasks/{id}/complete``."""
 
@@ -186,5 +209,6 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"tasks/(?P<task_id>[^/]+)/artifacts/(?P<name>.+)", TaskArtifactHandler),
     (r"tasks/(?P<task_id>[^/]+)/result", TaskResultHandler),
     (r"tasks/(?P<task_id>[^/]+)/complete", TaskCompleteHandler),
+    (r"tasks/(?P<task_id>[^/]+)/parts", TaskPartsHandler),
     (r"blobs/(?P<sha256>[^/]+)", BlobHandler),
 ]

@@ -15,6 +15,7 @@ built in ``writes.py`` for :mod:`jupyter_ext.transitions` and run by
 from .instances import InstanceQueries
 from .jobs import JobQueries
 from .outputs import OutputQueries
+from .parts import PartQueries
 from .records import (
     ACTIVE_STATES,
     ArtifactRecord,
@@ -72,6 +73,7 @@ class Store(
     RetentionQueries,
     SecretQueries,
     InstanceQueries,
+    PartQueries,
 ):
     """Async access to the gpulayer database.
 

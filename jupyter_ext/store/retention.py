@@ -10,7 +10,7 @@ from .db import Database, marks, transaction
 
 _ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 #: Rows of a job, children first (``tasks`` and ``results`` reference ``jobs``).
-_JOB_TABLES = ("logs", "metrics", "events", "artifacts", "results", "tasks")
+_JOB_TABLES = ("logs", "metrics", "events", "artifacts", "results", "result_parts", "tasks")
 #: Where jobs name blobs: artifacts, results, and their specs' bundle, payload and push.
 _BLOB_REFS = (
     "SELECT sha256 FROM artifacts{where}",

@@ -233,9 +233,22 @@ CREATE INDEX IF NOT EXISTS provider_intents_open ON provider_intents (outcome_at
 ALTER TABLE tokens ADD COLUMN instance_id TEXT;
 """
 
+# v12: result parts (docs/adr/0096): each call's outcome of a function task of several
+# calls, kept as it finishes, so the calls an attempt finished outlive its worker.
+_SCHEMA_V12 = """
+CREATE TABLE IF NOT EXISTS result_parts (
+    job_id      TEXT NOT NULL,
+    idx         INTEGER NOT NULL,
+    task_id     TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    outcome     BLOB NOT NULL,
+    PRIMARY KEY (job_id, idx)
+);
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10, _SCHEMA_V11,
+    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10, _SCHEMA_V11, _SCHEMA_V12,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

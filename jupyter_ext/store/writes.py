@@ -122,6 +122,11 @@ def put_result(
     return insert("results", row, replace=True)
 
 
+def forget_parts_of(task_id: str) -> Statement:
+    """Drop a task's result parts: its result holds those outcomes too."""
+    return "DELETE FROM result_parts WHERE task_id = ?", (task_id,)
+
+
 def delete_worker(worker_id: str) -> Statement:
     """Forget a worker (its name may be registered again)."""
     return "DELETE FROM workers WHERE id = ?", (worker_id,)

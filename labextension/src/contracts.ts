@@ -126,6 +126,8 @@ export interface IJob {
   result_size: number | null;
   /** lines of output stored so far */
   log_lines: number;
+  /** a function job of several calls: outcomes kept apart from its result (calls an attempt finished before its worker died; GET jobs/{id}/parts) */
+  result_parts: number;
   /** while queued: per worker, why the job does not fit there */
   pending_reasons: string[];
   /** while queued: no registered worker could ever run it (``reason`` says why); it waits for a worker that could */

@@ -23,17 +23,11 @@ import pytest
 import gpulayer as gl
 from gpulayer.client import cells
 
+from ..chaos.harness import alive
 from ..support import until
 
 PY = sys.executable
 GONE_WITHIN_SECONDS = 5.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def pids_in(folder: Path, n: int) -> list[int]:

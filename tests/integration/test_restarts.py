@@ -12,9 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ import gpulayer as gl
 from gpulayer import cells, contracts
 from gpulayer.cluster import LocalCluster
 
+from ..chaos.harness import Waiter
 from ..support import until
 
 BEFORE = ["before 1", "before 2", "before 3"]
@@ -53,29 +53,6 @@ def gated(gate: Path) -> str:
         f"while [ ! -e {gate} ]; do sleep 0.05; done; "
         "for i in 1 2 3; do echo after $i; done"
     )
-
-
-class Waiter(threading.Thread):
-    """Runs ``fn`` in a thread and keeps its answer or its exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self._fn = fn
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.value = self._fn()
-        except BaseException as e:  # handed to the test
-            self.error = e
-
-    def answer(self) -> Any:
-        self.join(JOIN_SECONDS)
-        assert not self.is_alive(), "still waiting long after the restart"
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class Lines(threading.Thread):

@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpulayer.contracts import Heartbeat, JobSpec, LogBatch, LogEntry, WorkerRegistration
+from gpulayer.contracts import (
+    Heartbeat,
+    JobSpec,
+    LogBatch,
+    LogEntry,
+    TaskCompletion,
+    WorkerRegistration,
+)
 from jupyter_ext.auth import Principal
 from jupyter_ext.control_plane import ControlPlane
 
@@ -67,13 +74,33 @@ async def test_a_dead_workers_undelivered_lines_are_a_recorded_gap(plane):
         assert two_page.next_offset == 4 and not two_page.complete
 
 
-async def test_no_gap_when_every_line_arrived_or_nothing_was_reported(plane):
+async def test_a_given_up_task_whose_lines_all_arrived_still_says_it_was_cut_off(plane):
+    """Its last heartbeat counted every line as stored, but lines printed after that
+    heartbeat died with the worker: the log says they may be missing, never silent."""
     async with plane() as (cp, clock):
         one = await cp.workers.register(reg("one"))
         job = await cp.jobs.submit(JobSpec(command=["true"]), "u")
         task = (await cp.workers.acquire(one.worker_id, 0)).assignments[0]
         await ship(cp, one.worker_id, task.task_id, 0, "a", "b")
         await lose(cp, clock, one.worker_id, task.task_id, produced=2)
+        page = await cp.jobs.logs(job.id, 0, 100, 0)
+        assert [ln.text for ln in page.lines] == [
+            "a", "b",
+            "── attempt 1 lost when one died: lines it printed after the last one above"
+            " may be missing",
+        ] and page.complete  # fmt: skip
+
+
+async def test_a_task_its_worker_reports_lost_has_no_gap(plane):
+    """A worker that stops cleanly flushes a task's lines before it reports it lost."""
+    async with plane() as (cp, _clock):
+        one = await cp.workers.register(reg("one"))
+        job = await cp.jobs.submit(JobSpec(command=["true"]), "u")
+        task = (await cp.workers.acquire(one.worker_id, 0)).assignments[0]
+        await ship(cp, one.worker_id, task.task_id, 0, "a", "b")
+        who = Principal(name="w", role="worker", worker_id=one.worker_id)
+        done = TaskCompletion(state="lost", reason="worker shutting down")
+        await cp.tasks.complete(who, task.task_id, done)
         page = await cp.jobs.logs(job.id, 0, 100, 0)
         assert [ln.text for ln in page.lines] == ["a", "b"] and page.complete
 

@@ -156,6 +156,18 @@ async def _job_with_result(ctx: Ctx) -> dict[str, Any]:
     return {"job_id": job["id"]}
 
 
+async def _running_chunk(ctx: Ctx) -> dict[str, Any]:
+    """A function task of two calls (a map chunk) running on the matrix's worker."""
+    fn = {"format": 1, "python": "3.11", "payload": "eA==", "calls": 2}
+    spec = {"kind": "function", "function": fn, "resources": PLACEABLE["resources"]}
+    await ctx.as_("submitter", "jobs", method="POST", json_body=spec)
+    _, got = await ctx.as_(
+        "worker", "workers", ctx.worker_id, "acquire", method="POST", params={"wait": "0"}
+    )
+    (a,) = got["assignments"]
+    return {"task_id": a["task_id"], "job_id": a["job_id"]}
+
+
 async def _queued_cell(ctx: Ctx) -> dict[str, Any]:
     spec = {"kind": "cell", "cell": {"source": "1"}, "resources": {"gpus": 8}}
     _, job = await ctx.as_("submitter", "jobs", method="POST", json_body=spec)
@@ -315,6 +327,12 @@ MATRIX: dict[type, dict[str, Case]] = {
                      body=lambda c, f: {"state": "succeeded", "exit_code": 0},
                      fresh=_running_task),
     },
+    W.TaskPartsHandler: {
+        "post": Case(lambda c, f: ("tasks", f["task_id"], "parts"), {"admin": 204, "worker": 204},
+                     body=lambda c, f: {"parts": [{"index": 1, "outcome": "eA=="}]},
+                     fresh=_running_chunk),
+    },
+    jobs.JobPartsHandler: {"get": Case(lambda c, f: (*JOB(c, f), "parts"), _read())},
     W.BlobHandler: {
         "get": Case(lambda c, f: ("blobs", c.bundle), {"admin": 200, "worker": 200}),
     },
