@@ -8,7 +8,8 @@ fields so a typo in a client is a 400 naming the field, not a silently ignored
 option.
 
 The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
-:mod:`~gpulayer.contracts.resources`), :mod:`~gpulayer.contracts.logs`,
+:mod:`~gpulayer.contracts.resources`, :mod:`~gpulayer.contracts.environments`),
+:mod:`~gpulayer.contracts.logs`,
 :mod:`~gpulayer.contracts.training` (training metrics),
 :mod:`~gpulayer.contracts.artifacts`, :mod:`~gpulayer.contracts.workers`,
 :mod:`~gpulayer.contracts.tasks` (the worker's task hand-off),
@@ -37,6 +38,14 @@ from .base import (
     format_duration,
     parse_duration,
     plain_text,
+)
+from .environments import (
+    CachedEnv,
+    EnvPhase,
+    EnvSpec,
+    TaskEnvironment,
+    Wheel,
+    requirement,
 )
 from .jobs import (
     TERMINAL_STATES,
@@ -112,11 +121,14 @@ __all__ = [
     "Assignment",
     "BaseModel",
     "BlobRef",
+    "CachedEnv",
     "CellSpec",
     "CreateSession",
     "CreateToken",
     "CreatedToken",
     "Device",
+    "EnvPhase",
+    "EnvSpec",
     "ErrorBody",
     "Event",
     "EventList",
@@ -161,6 +173,7 @@ __all__ = [
     "StoredMetricPoint",
     "Task",
     "TaskCompletion",
+    "TaskEnvironment",
     "TaskSample",
     "Telemetry",
     "TelemetrySample",
@@ -168,6 +181,7 @@ __all__ = [
     "TokenList",
     "TokenState",
     "WaitAny",
+    "Wheel",
     "Worker",
     "WorkerFit",
     "WorkerList",
@@ -178,4 +192,5 @@ __all__ = [
     "gpu_model_matcher",
     "parse_duration",
     "plain_text",
+    "requirement",
 ]

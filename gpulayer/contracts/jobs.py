@@ -21,6 +21,7 @@ from .base import (
     Sha256,
     plain_text,
 )
+from .environments import EnvSpec, TaskEnvironment
 from .resources import Resources
 
 
@@ -180,6 +181,11 @@ class JobSpec(RequestModel):
         description="longest wait in the queue, e.g. '10m': a job not started by then ends"
         " timed_out, its reason naming why it waited (default: no limit)",
     )
+    environment: EnvSpec | None = Field(
+        default=None,
+        description="the Python packages it runs with, built on the worker and cached"
+        " (docs/environments.md); a cell in a session runs in its session's",
+    )
 
     @property
     def world_size(self) -> int:
@@ -221,6 +227,11 @@ class JobSpec(RequestModel):
             raise ValueError(f"a '{kind}' job needs '{kind}'")
         if other is not None:
             raise ValueError(f"a '{kind}' job takes no '{'session' if kind == 'cell' else 'cell'}'")
+        if self.cell is not None and self.cell.session and self.environment is not None:
+            raise ValueError(
+                "a cell in a session runs in its session's environment: give 'environment'"
+                " when the session starts"
+            )
         if self.retries and (kind == "session" or (self.cell and self.cell.session)):
             raise ValueError("a kernel's state cannot be retried: sessions take retries=0")
         return self
@@ -264,6 +275,9 @@ class Task(DocumentModel):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     node_rank: int | None = Field(default=None, description="distributed: this task's node")
+    environment: TaskEnvironment | None = Field(
+        default=None, description="its env: preparing, ready (exact versions) or failed"
+    )
 
 
 class Job(DocumentModel):
@@ -299,6 +313,11 @@ class Job(DocumentModel):
         default=False,
         description="while queued: no registered worker could ever run it (``reason`` says"
         " why); it waits for a worker that could",
+    )
+    environment: TaskEnvironment | None = Field(
+        default=None,
+        description="the current attempt's env (only in single-job answers): preparing,"
+        " or the exact versions it ran with",
     )
 
     @property
