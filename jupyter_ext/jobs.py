@@ -249,6 +249,9 @@ class Jobs:
         tasks = await core.store.tasks_of_job(job_id)
         names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
         job = row.model(tasks, names, core.spec(row))
+        current = [t for t in job.tasks if t.attempt == job.attempts and t.environment]
+        if current:  # a gang's nodes build the same env: the first node's speaks for it
+            job.environment = min(current, key=lambda t: t.node_rank or 0).environment
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
         if job.state == JobState.queued:

@@ -23,6 +23,7 @@ from gpulayer.contracts import (
     LogBatch,
     Task,
     TaskCompletion,
+    TaskEnvironment,
     WorkerState,
 )
 from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
@@ -82,6 +83,16 @@ class Tasks:
         self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
         self._core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
+
+    async def set_environment(
+        self, reporter: Principal | None, task_id: str, env: TaskEnvironment
+    ) -> Task:
+        """Keep what a worker says about a task's Python env (preparing, ready with
+        the exact versions, or failed)."""
+        await self.open_task(reporter, task_id, "")
+        await self._core.store.set_task_environment(task_id, env.model_dump_json())
+        updated = await self._core.task(task_id)
+        return updated.model()
 
     async def add_artifact(
         self, reporter: Principal | None, task_id: str, name: str, data: bytes | BlobUpload

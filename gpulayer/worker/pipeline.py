@@ -36,6 +36,7 @@ import httpx
 from gpulayer import contracts as c
 from gpulayer import transfer
 from gpulayer.errors import GpulayerError
+from gpulayer.worker.environments import EnvBuildFailed
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.lease import Lease
 from gpulayer.worker.logs import LogShipper
@@ -177,6 +178,9 @@ class Pipeline:
         except Exception:  # a task boundary: nothing more can be delivered
             log.exception("task %s: result not delivered", task.id)
         finally:
+            task.release_env()
+            if task.env_sent is not None and not task.env_sent.done():
+                task.env_sent.cancel()
             task.logs.stop()
             if task.shipper is not None:
                 task.shipper.cancel()
@@ -195,6 +199,10 @@ class Pipeline:
                 return RunOutcome("cancelled", None, task.cancel_reason)
             try:
                 run = await self._launcher.prepare(task)
+            except EnvBuildFailed as e:  # retrying the same requirements would not help
+                why = f"environment not built: {e}"
+                task.logs.add(c.LogStream.system, why, _now())
+                return RunOutcome("failed", None, why, retry=False)
             except GpulayerError as e:  # a bundle, payload or push it cannot have
                 task.logs.add(c.LogStream.system, str(e), _now())
                 return RunOutcome("failed", None, str(e))
@@ -209,6 +217,7 @@ class Pipeline:
         """Flush logs, upload artifacts, complete: in this order, so that a client
         that sees the task ended also sees all its output."""
         await task.logs.flush()
+        await task.env_reported()
         if task.metrics is not None:
             await task.metrics.flush()
         if task.dir is not None:

@@ -13,7 +13,14 @@ from collections.abc import Sized
 import pydantic
 from jupyter_server.auth.decorator import allow_unauthenticated
 
-from gpulayer.contracts import ArtifactName, Heartbeat, LogBatch, TaskCompletion, WorkerRegistration
+from gpulayer.contracts import (
+    ArtifactName,
+    Heartbeat,
+    LogBatch,
+    TaskCompletion,
+    TaskEnvironment,
+    WorkerRegistration,
+)
 from gpulayer.errors import PayloadTooLarge, ValidationError
 
 from ..auth import bearer_token, requires
@@ -108,6 +115,17 @@ class TaskLogsHandler(GpulayerAPIHandler):
         self.reply(await self.gl.tasks.append_logs(self.who, task_id, batch))
 
 
+class TaskEnvironmentHandler(GpulayerAPIHandler):
+    """``POST tasks/{id}/environment``: how the task's Python env is doing."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, task_id: str) -> None:
+        """Keep the report (preparing, ready with exact versions, or failed)."""
+        env = self.parse(TaskEnvironment)
+        self.reply(await self.gl.tasks.set_environment(self.who, task_id, env))
+
+
 class TaskArtifactHandler(GpulayerAPIHandler):
     """``PUT tasks/{id}/artifacts/{name}``: a file the task wrote."""
 
@@ -178,5 +196,6 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"tasks/(?P<task_id>[^/]+)/artifacts/(?P<name>.+)", TaskArtifactHandler),
     (r"tasks/(?P<task_id>[^/]+)/result", TaskResultHandler),
     (r"tasks/(?P<task_id>[^/]+)/complete", TaskCompleteHandler),
+    (r"tasks/(?P<task_id>[^/]+)/environment", TaskEnvironmentHandler),
     (r"blobs/(?P<sha256>[^/]+)", BlobHandler),
 ]

@@ -134,6 +134,11 @@ class JobQueries(Database):
         )
         await self._write([(sql, (until, worker_id, *task_ids))])
 
+    async def set_task_environment(self, task_id: str, environment_json: str) -> None:
+        """Keep the worker's latest report on a task's Python environment."""
+        sql = "UPDATE tasks SET environment = ? WHERE id = ?"
+        await self._write([(sql, (environment_json, task_id))])
+
     async def extend_all_leases(self, until: float) -> None:
         """After a restart: give every running task time for its worker to return."""
         await self._write(

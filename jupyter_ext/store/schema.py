@@ -171,9 +171,15 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (created_at);
 """
 
+# v10: what a task's Python environment is doing (docs/environments.md): the worker's
+# last TaskEnvironment report as JSON (preparing, or ready with the exact versions).
+_SCHEMA_V10 = """
+ALTER TABLE tasks ADD COLUMN environment TEXT;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8, _SCHEMA_V9,
+    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)
