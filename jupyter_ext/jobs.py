@@ -220,6 +220,9 @@ class Jobs:
              "function payload {} was not uploaded (POST it to /blobs first)"),
             (push, "cell.push_blob",
              "pushed variables {} were not uploaded (POST them to /blobs first)"),
+            *[(w.sha256, f"environment.wheels.{i}.sha256",
+               f"wheel {w.filename} ({{}}) was not uploaded (POST it to /blobs first)")
+              for i, w in enumerate(spec.environment.wheels if spec.environment else [])],
         ):  # fmt: skip
             if sha is None:
                 continue

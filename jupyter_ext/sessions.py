@@ -279,6 +279,7 @@ class SessionService:
                 "env": req.env,
                 "labels": req.labels,
                 "api_access": req.api_access,
+                "environment": req.environment,
             }
         )
         job = await self._jobs.submit(spec, owner)

@@ -231,6 +231,11 @@ def submit(
         How the job is listed and ordered (default priority 0).
     env
         Extra environment variables for the process.
+    pip, requirements, environment
+        The job's Python environment (docs/environments.md): requirements, a
+        requirements file, or a reusable :class:`gpulayer.Env` (the two first add to
+        it). Built on the worker with uv, cached, layered on the worker's packages
+        unless ``Env(isolated=True)``.
     workdir
         A local directory packed, uploaded and unpacked as the task's cwd. It is
         packed into a temporary file (memory bounded) and refused, naming its
@@ -281,6 +286,7 @@ def submit(
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
     spec = specs.job_spec(options, **program)
     conn = connection if connection is not None else current_connection()
+    spec = specs.with_environment(spec, options, conn)
     if workdir is not None:
         with transfer.pack_workdir(workdir, progress=progress) as packed:
             ref = conn.upload_file(packed.path, packed.digest, progress=progress)
@@ -288,4 +294,6 @@ def submit(
     return Job(conn, conn.submit(spec))
 
 
-_SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
+_SUBMIT_OPTIONS = (
+    *specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS, *specs.ENV_OPTIONS,
+)  # fmt: skip

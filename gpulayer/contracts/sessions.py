@@ -15,6 +15,7 @@ from .base import (
     OptionalDuration,
     RequestModel,
 )
+from .environments import EnvSpec
 from .jobs import JobState
 from .resources import Resources
 
@@ -32,6 +33,9 @@ class CreateSession(RequestModel):
         default=False,
         description="the kernel may call gpulayer: a token of the owner (submitter at most)"
         " for as long as the session runs",
+    )
+    environment: EnvSpec | None = Field(
+        default=None, description="the Python env its kernel (and so every cell) runs in"
     )
 
 
