@@ -148,7 +148,7 @@ def environment(options: Mapping[str, Any]) -> "Env | None":
     """
     from gpulayer.client.environments import Env
 
-    env, pip, req = (options.get(k) for k in ENV_OPTIONS)
+    pip, req, env = (options.get(k) for k in ENV_OPTIONS)
     if env is None and not pip and req is None:
         return None
     if isinstance(env, contracts.EnvSpec):
