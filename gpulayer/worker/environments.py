@@ -70,7 +70,12 @@ _BASE_PTH = "_gpulayer_base.pth"
 _RUNTIME_PTH = "_gpulayer_runtime.pth"
 _RUNTIME_MODULES = ("gpulayer", "cloudpickle")  # what a function runner imports
 _ERROR_LINES = 40
-_PIN = re.compile(r"^\s*\+\s+([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)(?:\s+\(from\s+(\S+)\))?")
+#: A line of uv's plan: `` + name==1.0``, `` + name @ file:///x.whl`` or
+#: `` + name==1.0 (from file:///x.whl)``.
+_PIN = re.compile(
+    r"^\s*\+\s+([A-Za-z0-9][A-Za-z0-9._-]*)(?:==(\S+))?(?:\s+@\s+(\S+))?"
+    r"(?:\s+\(from\s+(\S+)\))?"
+)
 
 #: ``on_line(text)``: one line of the build's output, for the task's log.
 BuildLine = Callable[[str], None]
@@ -500,10 +505,11 @@ class EnvCache:
         pins, named = [], set()
         for line in plan.splitlines():
             m = _PIN.match(line)
-            if m:
-                name, version, source = m.groups()
+            if m and (m.group(2) or m.group(3) or m.group(4)):
+                name, version, url, source = m.groups()
                 named.add(_canonical(name))
-                pins.append(f"{name} @ {source}" if source else f"{name}=={version}")
+                where = url or source
+                pins.append(f"{name} @ {where}" if where else f"{name}=={version}")
         if pins:
             await self._run(
                 [

@@ -126,8 +126,12 @@ def test_an_env_is_built_once_then_a_cache_hit_layered_on_the_worker(
 def test_two_jobs_asking_for_a_new_env_at_once_share_one_build(conn, wheels):
     env = demo_env(wheels, python=f"{sys.version_info.major}.{sys.version_info.minor}")
     jobs = [
-        gl.submit(["python", "-c", "import glenvdemo"], environment=env, connection=conn,
-                  worker=f"local-{i}")  # fmt: skip
+        gl.submit(
+            ["python", "-c", "import glenvdemo"],
+            environment=env,
+            connection=conn,
+            worker=f"local-{i}",
+        )  # fmt: skip
         for i in (1, 2)
     ]
     for job in jobs:
@@ -195,7 +199,7 @@ def test_a_session_keeps_its_env_across_cells(conn, wheels):
 
 
 def test_a_gang_uses_one_env_on_every_node(conn, wheels):
-    cmd = ["python", "-c", "import glenvdemo, os; print('node', os.environ['GPULAYER_NODE_RANK'],"
+    cmd = ["python", "-c", "import glenvdemo, os; print('node', os.environ['NODE_RANK'],"
            " glenvdemo.VALUE)"]  # fmt: skip
     env = demo_env(wheels).merged(["six"])
     job = gl.submit(cmd, nodes=2, launcher="direct", environment=env, connection=conn)
