@@ -131,7 +131,7 @@ def test_two_jobs_asking_for_a_new_env_at_once_share_one_build(conn, wheels):
             environment=env,
             connection=conn,
             worker=f"local-{i}",
-        )  # fmt: skip
+        )
         for i in (1, 2)
     ]
     for job in jobs:
