@@ -13,12 +13,18 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import pydantic
 
 from gpulayer import contracts, errors
 
-if TYPE_CHECKING:
-    from gpulayer.client.connection import Connection
+
+class Uploads(Protocol):
+    """What :meth:`Env.spec` needs of a connection: a blob upload."""
+
+    def upload_blob(self, data: bytes) -> contracts.BlobRef: ...
+
 
 #: Options a requirements file may hold, and the EnvSpec field each fills.
 _FILE_OPTIONS = {
@@ -99,7 +105,7 @@ class Env:
         out.spec()
         return out
 
-    def spec(self, conn: "Connection | None" = None) -> contracts.EnvSpec:
+    def spec(self, conn: Uploads | None = None) -> contracts.EnvSpec:
         """The wire form; local packages are built and uploaded through ``conn``
         (once per connection).
 
@@ -108,16 +114,13 @@ class Env:
         ValidationError
             Naming the field (``environment.pip.0``) of a malformed requirement.
         """
-        from gpulayer.client import specs
-
         wheels = list(self.wheels)
         if self.local_packages and conn is not None:
             if id(conn) not in self._uploaded:
                 self._uploaded[id(conn)] = [_upload(conn, p) for p in self.local_packages]
             wheels += self._uploaded[id(conn)]
         try:
-            return specs.validated(
-                contracts.EnvSpec,
+            return contracts.EnvSpec(
                 pip=self.pip,
                 index_url=self.index_url,
                 extra_index_urls=self.extra_index_urls,
@@ -126,9 +129,11 @@ class Env:
                 python=self.python,
                 wheels=wheels,
             )
-        except errors.ValidationError as e:
-            field = f"environment.{e.field}" if e.field else "environment"
-            raise errors.ValidationError(f"environment.{e}", field=field) from None
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(["environment", *(str(p) for p in first["loc"])])
+            msg = first["msg"].removeprefix("Value error, ")
+            raise errors.ValidationError(f"{field}: {msg}", field=field) from None
 
     @property
     def needs_upload(self) -> bool:
@@ -140,22 +145,15 @@ class Env:
         """The env a finished job ran with, pinned to the exact versions it had (its
         own packages and those the worker provided), for a re-run.
 
-        ``job`` is a :class:`gpulayer.Job`, or a job id (the current connection
-        reads it).
+        ``job`` is a :class:`gpulayer.Job` or the :class:`~gpulayer.contracts.Job`
+        read with ``conn.job(id)``.
 
         Raises
         ------
         ValidationError
             If the job had no environment, or its env was never built.
         """
-        if isinstance(job, str):
-            from gpulayer.client.default import current_connection
-
-            info = current_connection().job(job)
-        else:
-            info = getattr(job, "info", job)
-            if callable(info):
-                info = info()
+        info = job if isinstance(job, contracts.Job) else job.refresh().info
         spec: contracts.EnvSpec | None = info.spec.environment
         built: contracts.TaskEnvironment | None = info.environment
         if spec is None or built is None or built.phase != "ready":
@@ -215,7 +213,7 @@ class Env:
                 )
 
 
-def _upload(conn: "Connection", path: Path) -> contracts.Wheel:
+def _upload(conn: Uploads, path: Path) -> contracts.Wheel:
     """Upload one local package as a wheel (a project folder is built into one)."""
     if path.is_dir():
         with tempfile.TemporaryDirectory(prefix="gl-wheel-") as out:

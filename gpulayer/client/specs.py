@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     import argparse  # only the command line parses flags; `import gpulayer.client` stays light
     import os
 
-    from gpulayer.client.connection import Connection
-    from gpulayer.client.environments import Env
+    from gpulayer.client.environments import Env, Uploads
 
 #: What one task needs (every field of ``Resources``).
 RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
@@ -166,7 +165,7 @@ def environment(options: Mapping[str, Any]) -> "Env | None":
 
 
 def with_environment(
-    spec: contracts.JobSpec, options: Mapping[str, Any], conn: "Connection"
+    spec: contracts.JobSpec, options: Mapping[str, Any], conn: "Uploads"
 ) -> contracts.JobSpec:
     """``spec`` with its env's local packages uploaded through ``conn`` (when it has any)."""
     env = environment(options)
@@ -315,7 +314,7 @@ ENV_FLAGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def env_options(args: "argparse.Namespace", conn: "Connection | None" = None) -> dict[str, Any]:
+def env_options(args: "argparse.Namespace", conn: Any = None) -> dict[str, Any]:
     """The env options (``{"environment": Env}``, or ``{}``) of parsed :data:`ENV_FLAGS`;
     ``--env-from`` reads that job through ``conn``."""
     from gpulayer.client.environments import Env
