@@ -35,7 +35,7 @@ from .core import Core
 from .placer import Placer
 from .sessions import Sessions
 from .store import ArtifactRecord, Statement, TaskRecord
-from .store.writes import put_result
+from .store.writes import put_result, set_task_environment
 from .streams import logs_key
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,8 @@ class Tasks:
         stmts = await self._core.finish(task, state, done.exit_code, reason, retry=done.retry)
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
+        if done.environment is not None:
+            stmts.append(set_task_environment(task.id, done.environment.model_dump_json()))
         return stmts
 
     async def _is_session(self, job_id: str) -> bool:

@@ -251,6 +251,7 @@ class EnvCache:
         self._base: tuple[str, ...] | None = None
         self._base_digest: str | None = None
         self._made = False
+        self._keys: dict[str, str] = {}  # spec digest -> key (the worker does not change)
 
     # -------------------------------------------------------------- entry
 
@@ -273,8 +274,15 @@ class EnvCache:
             With the installer's own message.
         """
         started = datetime.now(UTC)
-        key = await asyncio.to_thread(self.key, spec)
-        hit = await asyncio.to_thread(self._hold_ready, key)
+        digest = spec.digest
+        key = self._keys.get(digest)
+        if key is None:  # the first time: reads the worker's distributions
+            key = self._keys[digest] = await asyncio.to_thread(self.key, spec)
+        # A hit is a few small file operations: inline, unless an eviction holds the lock.
+        try:
+            hit = self._hold_ready(key, wait=False)
+        except BlockingIOError:
+            hit = await asyncio.to_thread(self._hold_ready, key)
         cached = hit is not None
         try:
             if hit is None:
@@ -366,12 +374,17 @@ class EnvCache:
         except (OSError, ValueError):
             return None
 
-    def _hold_ready(self, key: str) -> "tuple[EnvHold, dict] | None":  # type: ignore[type-arg]
-        """A hold on ``key`` if it is built (blocking: waits out an eviction)."""
+    def _hold_ready(self, key: str, wait: bool = True) -> "tuple[EnvHold, dict] | None":  # type: ignore[type-arg]
+        """A hold on ``key`` if it is built (blocking: waits out an eviction; without
+        ``wait``, raises BlockingIOError when it would have to)."""
         if self._info(key) is None:
             return None
         fd = self._lock(key, "use")
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            raise
         info = self._info(key)  # evicted while we waited for the lock?
         if info is None:
             os.close(fd)

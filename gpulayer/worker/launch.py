@@ -145,7 +145,9 @@ class Launcher:
             task.logs.add(c.LogStream.system, text, _now())
 
         async def report(env: c.TaskEnvironment) -> None:
-            if self._report_env is not None:
+            if env.cached and task.assignment.spec.function is not None:
+                task.env_on_completion = env  # a warm call: no extra round trip
+            elif self._report_env is not None:
                 task.report_env(self._report_env, env)
 
         prepared = await self._envs.prepare(spec, line, report, fetch=self._blob)

@@ -238,9 +238,9 @@ class Pipeline:
             blob = await self._upload_result(task, outcome.result)
             if blob is None:
                 return
-        resp = await self._uplink.call(
-            "POST", f"tasks/{task.id}/complete", body=outcome.completion(result_blob=blob)
-        )
+        body = outcome.completion(result_blob=blob)
+        body.environment = task.env_on_completion
+        resp = await self._uplink.call("POST", f"tasks/{task.id}/complete", body=body)
         if resp.is_success:
             c.Task.model_validate(resp.json())
         else:

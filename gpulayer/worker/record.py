@@ -43,6 +43,7 @@ class TaskRecord:
     fenced: bool = False  # stopped because the lease may be lost: report ``lost``
     env_hold: EnvHold | None = None  # its Python env, kept from eviction while it runs
     env_sent: "asyncio.Task[None] | None" = None  # the last env report, in order
+    env_on_completion: c.TaskEnvironment | None = None  # a cache hit, sent with the end
 
     @property
     def id(self) -> str:
