@@ -478,6 +478,12 @@ class EnvCache:
         """Layered: a ``.pth`` that adds the worker's site-packages behind the env's own.
         Isolated: only gpulayer and cloudpickle, for the function runner."""
         site_dir = _site_packages(target, version)
+        mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if not spec.isolated and version != mine:
+            raise EnvBuildFailed(
+                f"a layered env runs the worker's Python {mine}, not {version}: ask for"
+                f" Python {version} with isolated=True"
+            )
         if not spec.isolated:
             dirs = self._worker_site_dirs()
             line = f"import site; list(map(site.addsitedir, {dirs!r}))\n"
