@@ -12,7 +12,8 @@ gpulayer (a ``LocalCluster`` with one 2-slot worker and an empty env cache)
         The first job asking for the env: submit to done, and the build time the
         worker reported (``environment.build_seconds``).
     command, cache hit
-        The same env again, p50 of ``--samples``; the overhead is against "no env".
+        The same env again, p50 of ``--samples``, timed in turns with "no env"
+        (the same load drift in both); the overhead is the difference of the p50s.
     function, no env / cache hit
         A warm ``f.run()`` (``@gl.remote``) without an env, and with the env
         (built once before), p50 of ``--samples``.
@@ -88,6 +89,16 @@ def _p50(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
+def _paired(a: Any, b: Any, n: int) -> tuple[list[float], list[float]]:
+    """``a`` and ``b`` timed in turns, ``n`` times each: on a shared machine the load
+    drifts, and interleaving puts the same drift into both."""
+    out_a, out_b = [], []
+    for _ in range(n):
+        out_a += _timed(a, 1)
+        out_b += _timed(b, 1)
+    return out_a, out_b
+
+
 def _timed(fn: Any, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -118,12 +129,11 @@ def bench_gpulayer(args: argparse.Namespace, wheels: Path) -> dict[str, Any]:
 
             for _ in range(args.warmup):
                 command()
-            plain = _timed(command, args.samples)
             t = time.perf_counter()
             cold = command(environment=env)
             cold_s = time.perf_counter() - t
             built = conn.job(cold.id).environment
-            hits = _timed(lambda: command(environment=env), args.samples)
+            plain, hits = _paired(command, lambda: command(environment=env), args.samples)
             hit_report = conn.job(command(environment=env).id).environment
             out["command"] = {
                 "no_env_p50_ms": _p50(plain),
@@ -155,8 +165,7 @@ def bench_gpulayer(args: argparse.Namespace, wheels: Path) -> dict[str, Any]:
             for _ in range(args.warmup):
                 plain_fn.run()
                 env_fn.run()
-            fn_plain = _timed(plain_fn.run, args.samples)
-            fn_hits = _timed(env_fn.run, args.samples)
+            fn_plain, fn_hits = _paired(plain_fn.run, env_fn.run, args.samples)
             t = time.perf_counter()
             cold_fn.run()
             out["function"] = {

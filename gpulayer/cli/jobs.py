@@ -252,10 +252,14 @@ def _cancel(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         p = conn.placement(args.job_id)
+        job = conn.job(args.job_id) if args.output != "json" else None
     if args.output == "json":
         output.document(p)
         return 0 if p.satisfiable else 1
     output.say(f"job {p.job_id} is {p.state}: {p.summary}")
+    if job is not None and job.spec.environment is not None and not job.state.terminal:
+        state = environment_lines(job.spec.environment, job.environment)[1]
+        output.say(f"its environment: {state.split(':', 1)[1].strip()}")
     rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
              w.reason) for w in p.workers]  # fmt: skip
     if rows:

@@ -139,3 +139,25 @@ def test_the_env_python_is_checked_before_a_function_is_sent():
         check_python(None, spec)  # type: ignore[arg-type]
     assert e.value.field == "environment.python"
     assert sys.version_info >= (3, 11)
+
+
+def test_gpulayer_job_shows_the_phase_with_its_time_and_then_the_exact_versions():
+    from datetime import UTC, datetime, timedelta
+
+    from gpulayer.cli.jobs import environment_lines
+
+    asked = c.EnvSpec(pip=["six"])
+    began = datetime.now(UTC) - timedelta(seconds=12)
+    assert environment_lines(asked, None)[1] == "state:     not prepared yet"
+    preparing = c.TaskEnvironment(phase="preparing", key="ab" * 16, started_at=began)
+    line = environment_lines(asked, preparing)[1]
+    assert line.startswith("state:     preparing environment (12") and line.endswith("s)")
+    ready = preparing.model_copy(update={
+        "phase": "ready", "ended_at": began + timedelta(seconds=1.5), "python": "3.11",
+        "packages": ["glx==1.0"], "from_worker": ["six==1.17.0"],
+    })  # fmt: skip
+    lines = environment_lines(asked, ready)
+    assert "ready (built in 1.5s), Python 3.11" in lines[1]
+    assert lines[2:] == ["  glx==1.0", "  six==1.17.0 (the worker's)"]
+    failed = preparing.model_copy(update={"phase": "failed", "error": "error: no six"})
+    assert environment_lines(asked, failed)[1] == "state:     failed: error: no six"
