@@ -209,7 +209,7 @@ def test_a_gang_uses_one_env_on_every_node(conn, wheels):
     assert sum(BUILDING in line for line in job.logs()) <= 1  # one build, shared
 
 
-def test_a_rerun_with_the_recorded_pins(conn, wheels):
+def test_a_rerun_with_the_recorded_pins(env_cluster, conn, wheels, capsys):
     job = gl.submit(probe("glenvdemo"), environment=demo_env(wheels).merged(["six"]),
                     connection=conn).wait(timeout=180)  # fmt: skip
     assert job.state == "succeeded", job.logs()
@@ -220,3 +220,7 @@ def test_a_rerun_with_the_recorded_pins(conn, wheels):
     assert sorted(conn.job(rerun.id).environment.packages) == sorted(
         conn.job(job.id).environment.packages
     )
+    base = ["--url", env_cluster.url, "--token", env_cluster.admin_token]
+    assert cli.main(["submit", *base, "--env-from", job.id, "--", *probe("glenvdemo")]) == 0
+    again = conn.job(capsys.readouterr().out.strip())
+    assert again.spec.environment.pip == pinned.spec().pip
