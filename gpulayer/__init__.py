@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` loads them on first use
     from gpulayer.client.connection import Connection
     from gpulayer.client.default import connect, current_connection
+    from gpulayer.client.environments import Env
     from gpulayer.client.jobs import Job, submit
     from gpulayer.functions import Call, RemoteFunction, as_completed, remote, wait
 
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Call",
     "Connection",
+    "Env",
     "Job",
     "RemoteFunction",
     "__version__",
@@ -45,6 +47,7 @@ __all__ = [
 
 _LAZY = {
     "Connection": "gpulayer.client.connection",
+    "Env": "gpulayer.client.environments",
     "Job": "gpulayer.client.jobs",
     "connect": "gpulayer.client.default",
     "current_connection": "gpulayer.client.default",

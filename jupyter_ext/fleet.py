@@ -8,7 +8,7 @@ are for watching a worker now, not history, and are gone after a restart.
 
 from collections import defaultdict, deque
 
-from gpulayer.contracts import Heartbeat, Telemetry, TelemetrySample, Worker
+from gpulayer.contracts import CachedEnv, Heartbeat, Telemetry, TelemetrySample, Worker
 from gpulayer.errors import NotFound
 
 from .placement import WorkerView
@@ -32,6 +32,8 @@ class Fleet:
         )
         self._telemetry_bytes = telemetry_bytes
         self._window_bytes: dict[str, int] = defaultdict(int)
+        # worker id -> the envs its last heartbeat listed (bounded by the contract).
+        self._envs: dict[str, list[CachedEnv]] = {}
 
     async def views(self) -> list[WorkerView]:
         """Every worker, parsed, with its current state."""
@@ -61,12 +63,14 @@ class Fleet:
         self._views.pop(worker_id, None)
         self._telemetry.pop(worker_id, None)
         self._produced.pop(worker_id, None)
+        self._envs.pop(worker_id, None)
 
     def record(self, worker_id: str, ts: float, hb: Heartbeat) -> None:
         """Keep one heartbeat's readings; the oldest go once the window holds more
         than ``telemetry_samples`` samples or ``telemetry_bytes`` (their JSON size); and
         how many log lines each task produced."""
         self._produced[worker_id] = dict(hb.log_lines)
+        self._envs[worker_id] = list(hb.envs)
         sample = TelemetrySample(
             ts=as_datetime(ts),
             cpu_percent=hb.cpu_percent,
@@ -106,6 +110,7 @@ class Fleet:
             w = r.model(running[r.id])
             if samples := self._telemetry.get(r.id):
                 w.gpus, w.tasks = samples[-1][0].gpus, samples[-1][0].tasks
+            w.envs = self._envs.get(r.id, [])
             out.append(w)
         return out
 

@@ -225,6 +225,9 @@ class Jobs:
              "function payload {} was not uploaded (POST it to /blobs first)"),
             (push, "cell.push_blob",
              "pushed variables {} were not uploaded (POST them to /blobs first)"),
+            *[(w.sha256, f"environment.wheels.{i}.sha256",
+               f"wheel {w.filename} ({{}}) was not uploaded (POST it to /blobs first)")
+              for i, w in enumerate(spec.environment.wheels if spec.environment else [])],
         ):  # fmt: skip
             if sha is None:
                 continue
@@ -269,6 +272,9 @@ class Jobs:
         tasks = await core.store.tasks_of_job(job_id)
         names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
         job = access.shown(viewer, row.model(tasks, names, core.spec(row)))
+        current = [t for t in job.tasks if t.attempt == job.attempts and t.environment]
+        if current:  # a gang's nodes build the same env: the first node's speaks for it
+            job.environment = min(current, key=lambda t: t.node_rank or 0).environment
         if with_result and job.spec.kind in _ANSWERING and row.ended:
             _attach(job, await core.store.result(job_id))
         job.provisioning = core.board.queued_note(job.id, job.state)

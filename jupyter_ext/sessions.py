@@ -281,6 +281,7 @@ class SessionService:
                 "labels": req.labels,
                 "api_access": req.api_access,
                 "secrets": req.secrets,
+                "environment": req.environment,
             }
         )
         job = await self._jobs.submit(spec, owner)

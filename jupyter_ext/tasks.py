@@ -25,6 +25,7 @@ from gpulayer.contracts import (
     ResultPartBatch,
     Task,
     TaskCompletion,
+    TaskEnvironment,
     WorkerState,
 )
 from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
@@ -37,7 +38,7 @@ from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
 from .store import ArtifactRecord, Statement, TaskRecord
-from .store.writes import forget_parts_of, put_result
+from .store.writes import forget_parts_of, put_result, set_task_environment
 from .streams import logs_key
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,16 @@ class Tasks:
         self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
         self._core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
+
+    async def set_environment(
+        self, reporter: Principal | None, task_id: str, env: TaskEnvironment
+    ) -> Task:
+        """Keep what a worker says about a task's Python env (preparing, ready with
+        the exact versions, or failed)."""
+        await self.open_task(reporter, task_id, "")
+        await self._core.store.set_task_environment(task_id, env.model_dump_json())
+        updated = await self._core.task(task_id)
+        return updated.model()
 
     async def add_artifact(
         self, reporter: Principal | None, task_id: str, name: str, data: bytes | BlobUpload
@@ -198,6 +209,8 @@ class Tasks:
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
             stmts.append(forget_parts_of(task.id))  # the result holds them too
+        if done.environment is not None:
+            stmts.append(set_task_environment(task.id, done.environment.model_dump_json()))
         return stmts
 
     async def _is_session(self, job_id: str) -> bool:

@@ -2,6 +2,7 @@
 
 import argparse
 import shlex
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--workdir", type=Path, metavar="DIR", help="directory shipped as the task's cwd"
     )
+    for flag, kwargs in specs.ENV_FLAGS.items():
+        s.add_argument(flag, **kwargs)
     s.add_argument("--shell", metavar="'CMD | CMD'", help="run a string with /bin/sh -c")
     s.add_argument("-f", "--follow", action="store_true", help="stream output, exit like it")
     s.add_argument("--raw", action="store_true", help=f"with --follow: {RAW_HELP}")
@@ -126,6 +129,7 @@ def _submit(args: argparse.Namespace) -> int:
             connection=conn,
             progress=args.progress,
             **specs.given(args, SUBMIT_OPTIONS),
+            **specs.env_options(args, conn),
         )
         if args.output == "json" and not args.follow:
             output.document(job.info)
@@ -137,6 +141,26 @@ def _submit(args: argparse.Namespace) -> int:
             return 0
         output.note(f"job {job.id} submitted")
         return follow(conn, job.id, raw=args.raw)
+
+
+def environment_lines(asked: contracts.EnvSpec, env: contracts.TaskEnvironment | None) -> list[str]:
+    """What ``gpulayer job`` says about a job's Python env: what it asked for, then
+    preparing (with the time so far), the exact versions, or why it failed."""
+    kind = "isolated" if asked.isolated else "layered on the worker's packages"
+    wanted = [*asked.pip, *(w.filename for w in asked.wheels)]
+    lines = [f"asked:     {' '.join(wanted) or '(no packages)'} ({kind})"]
+    if env is None:
+        return [*lines, "state:     not prepared yet"]
+    if env.phase == "preparing":
+        since = (datetime.now(UTC) - env.started_at).total_seconds()
+        return [*lines, f"state:     preparing environment ({contracts.format_duration(since)})"]
+    if env.phase == "failed":
+        return [*lines, f"state:     failed: {env.error}"]
+    took = "cache hit" if env.cached else f"built in {contracts.format_duration(env.build_seconds)}"
+    lines.append(f"state:     ready ({took}), Python {env.python}, key {env.key[:12]}")
+    lines += [f"  {p}" for p in env.packages]
+    lines += [f"  {p} (the worker's)" for p in env.from_worker]
+    return lines
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -184,6 +208,10 @@ def _job(args: argparse.Namespace) -> int:
         fields.append(("cost", f"${job.cost:.4f} (its share of provider instances)"))
     for key, value in fields:
         output.say(f"{key + ':':<11}{value}")
+    if spec.environment is not None:
+        print("\nenvironment:")
+        for line in environment_lines(spec.environment, job.environment):
+            output.say(f"  {line}")
     if job.pending_reasons:
         print("\nwhy it is waiting:")
         for reason in job.pending_reasons:
@@ -232,10 +260,14 @@ def _cancel(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         p = conn.placement(args.job_id)
+        job = conn.job(args.job_id) if args.output != "json" else None
     if args.output == "json":
         output.document(p)
         return 0 if p.satisfiable else 1
     output.say(f"job {p.job_id} is {p.state}: {p.summary}")
+    if job is not None and job.spec.environment is not None and not job.state.terminal:
+        state = environment_lines(job.spec.environment, job.environment)[1]
+        output.say(f"its environment: {state.split(':', 1)[1].strip()}")
     rows = [(w.worker, "yes" if w.fits else "no", "yes" if w.could_ever_fit else "never",
              w.reason) for w in p.workers]  # fmt: skip
     if rows:

@@ -117,6 +117,19 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                       help="give up when the first registration gets no answer in S seconds"
                            " (0: keep trying; later outages are always waited out)")  # fmt: skip
     join.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
+    join.add_argument("--env-cache", type=Path, metavar="DIR",
+                      default=os.environ.get("GPULAYER_ENV_CACHE") or None,
+                      help="where job environments are built and kept (default:"
+                           " $GPULAYER_ENV_CACHE, else gpulayer-envs-<uid> in the temp"
+                           " dir)")  # fmt: skip
+    join.add_argument("--env-cache-size", type=_byte_size, metavar="SIZE",
+                      default=os.environ.get("GPULAYER_ENV_CACHE_SIZE") or "20GiB",
+                      help="most the env cache keeps, e.g. 20GiB; least recently used"
+                           " environments no task uses go first (default 20GiB)")  # fmt: skip
+    join.add_argument("--env-installer", choices=["uv", "pip"],
+                      default=os.environ.get("GPULAYER_ENV_INSTALLER") or None,
+                      help="what builds job environments (default: uv; pip when uv"
+                           " is missing)")  # fmt: skip
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster",
@@ -327,7 +340,8 @@ def _join(args: argparse.Namespace) -> int:
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
         address=args.address, interface=args.interface, rendezvous_ports=args.rendezvous_ports,
         insecure=args.insecure, task_user=args.task_user,
-        first_registration_seconds=args.register_timeout,
+        first_registration_seconds=args.register_timeout, env_cache=args.env_cache,
+        env_cache_bytes=_byte_size(args.env_cache_size), env_installer=args.env_installer,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
@@ -338,6 +352,16 @@ def _join(args: argparse.Namespace) -> int:
         return int(agent_main(cfg))
     except ValueError as e:  # e.g. a malformed GPULAYER_SIMULATED_GPUS
         raise errors.ValidationError(str(e)) from e
+
+
+def _byte_size(text: str | int) -> int:
+    """An argparse type: a size such as ``20GiB`` or ``500MB``, in bytes."""
+    import pydantic
+
+    try:
+        return int(pydantic.TypeAdapter(pydantic.ByteSize).validate_python(text))
+    except pydantic.ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 20GiB") from None
 
 
 def _demo(args: argparse.Namespace) -> int:

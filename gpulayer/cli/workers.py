@@ -46,6 +46,14 @@ def _workers(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     output.table(("NAME", "STATE", "SLOTS", "RUNNING", "DEVICES", "GPU USE", "CPUS", "MEMORY",
                   "HEARTBEAT"), rows)  # fmt: skip
+    envs = [(w.name, e) for w in workers for e in w.envs]
+    if envs:
+        print("\ncached environments:")
+        output.table(("WORKER", "KEY", "PACKAGES", "PYTHON", "SIZE", "IN USE", "LAST USED"), [
+            (name, e.key[:12], str(e.packages), e.python or "-", output.size(e.size_bytes),
+             str(e.in_use), output.age(e.last_used_at) + " ago")
+            for name, e in envs
+        ], indent="  ")  # fmt: skip
     return 0
 
 

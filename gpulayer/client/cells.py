@@ -19,7 +19,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError as PydanticValidationError
 
@@ -28,6 +28,9 @@ from gpulayer.client import specs
 from gpulayer.client.connection import LONG_POLL_SECONDS, Connection
 from gpulayer.client.jobs import failure_of
 from gpulayer.client.pending import POLL_SECONDS, PendingNotes
+
+if TYPE_CHECKING:
+    from gpulayer.client.environments import Env
 
 _INTERRUPT_WAIT_SECONDS = 10.0  # after an interrupt, how long the remote KeyboardInterrupt may take
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -91,11 +94,13 @@ def ensure_session(
     idle_timeout: str | float | None = None,
     api_access: bool = False,
     secrets: Sequence[str] = (),
+    environment: "Env | None" = None,
     **resources: Any,
 ) -> contracts.Session:
     """The session ``name``, started with ``resources`` when it does not exist yet
     (``api_access``: its kernel may call gpulayer, see ``JobSpec.api_access``;
-    ``secrets``: the kernel gets them in its environment).
+    ``secrets``: the kernel gets them in its environment; ``environment``: the Python
+    env its kernel, and so every cell, runs in).
 
     Raises
     ------
@@ -115,6 +120,7 @@ def ensure_session(
         idle_timeout=idle_timeout,
         api_access=api_access,
         secrets=list(secrets),
+        environment=None if environment is None else environment.spec(conn),
     )
     try:
         return conn.create_session(req)
@@ -149,6 +155,7 @@ def cell_spec(
     api_access: bool = False,
     queue_timeout: str | float | None = None,
     secrets: Sequence[str] = (),
+    environment: "Env | None" = None,
     **resources: Any,
 ) -> contracts.JobSpec:
     """The job of one cell; pushed variables go inline when small, else as a blob
@@ -181,6 +188,7 @@ def cell_spec(
         # In a session the kernel has the session's secrets (ensure_session checks).
         secrets=list(secrets) if session is None else [],
         resources=specs.resources(resources) if session is None else {},
+        environment=None if environment is None else environment.spec(conn),
     )
 
 

@@ -247,6 +247,11 @@ def submit(
         Names of your secrets (``gpulayer secret set NAME``) the process gets as
         environment variables of those names; their values never appear in a read,
         and printed ones show as ``***`` in the log (``docs/secrets.md``).
+    pip, requirements, environment
+        The job's Python environment (docs/environments.md): requirements, a
+        requirements file, or a reusable :class:`gpulayer.Env` (the two first add to
+        it). Built on the worker with uv, cached, layered on the worker's packages
+        unless ``Env(isolated=True)``.
     workdir
         A local directory packed, uploaded and unpacked as the task's cwd. It is
         packed into a temporary file (memory bounded) and refused, naming its
@@ -299,6 +304,7 @@ def submit(
     program = {"shell": command} if isinstance(command, str) else {"command": list(command)}
     spec = specs.job_spec(options, **program)
     conn = connection if connection is not None else current_connection()
+    spec = specs.with_environment(spec, options, conn)
     if workdir is not None:
         ref = _upload_workdir(conn, workdir, progress)
         spec = spec.model_copy(update={"bundle": ref.sha256})
@@ -317,4 +323,6 @@ def _upload_workdir(
             return conn.upload_file(packed.path, packed.digest, progress=sending)
 
 
-_SUBMIT_OPTIONS = (*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS)
+_SUBMIT_OPTIONS = (
+    *specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS, *specs.ENV_OPTIONS,
+)  # fmt: skip

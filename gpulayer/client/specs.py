@@ -9,7 +9,7 @@ default, help) from the same fields, for the CLI and the magics.
 """
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pydantic import BaseModel
@@ -19,6 +19,9 @@ from gpulayer import contracts, errors
 
 if TYPE_CHECKING:
     import argparse  # only the command line parses flags; `import gpulayer.client` stays light
+    import os
+
+    from gpulayer.client.environments import Env, Uploads
 
 #: What one task needs (every field of ``Resources``).
 RESOURCE_OPTIONS: tuple[str, ...] = tuple(contracts.Resources.model_fields)
@@ -29,6 +32,9 @@ JOB_OPTIONS: tuple[str, ...] = (
 )  # fmt: skip
 #: A distributed job (a gang of ``nodes`` x ``nproc_per_node``).
 GANG_OPTIONS: tuple[str, ...] = ("nodes", "nproc_per_node", "launcher")
+#: The Python environment a job runs in (docs/environments.md): requirements, a
+#: requirements file, or a reusable ``gl.Env`` (the two first add to the third).
+ENV_OPTIONS: tuple[str, ...] = ("pip", "requirements", "environment")
 
 _M = TypeVar("_M", bound=BaseModel)
 _RESOURCE_DEFAULTS = {k: contracts.Resources.model_fields[k].default for k in ("gpus", "cpus")}
@@ -55,7 +61,7 @@ class ResourceOptions(TypedDict, total=False):
 
 
 class JobOptions(ResourceOptions, total=False):
-    """The resource, job and gang options of ``gl.submit``."""
+    """The resource, job, gang and environment options of ``gl.submit``."""
 
     timeout: str | float | None
     retries: int
@@ -69,6 +75,9 @@ class JobOptions(ResourceOptions, total=False):
     nodes: int
     nproc_per_node: int
     launcher: str
+    pip: Sequence[str] | str | None
+    requirements: "str | os.PathLike[str] | None"
+    environment: "Env | contracts.EnvSpec | Mapping[str, Any] | None"
 
 
 def pydantic_to_gpulayer(e: PydanticValidationError) -> errors.ValidationError:
@@ -134,6 +143,44 @@ def job_fields(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def environment(options: Mapping[str, Any]) -> "Env | None":
+    """The :class:`~gpulayer.client.environments.Env` of the env options among
+    ``options`` (``pip`` and ``requirements`` add to ``environment``), or None.
+
+    Raises
+    ------
+    ValidationError
+        Naming the field of a malformed requirement or an unreadable file.
+    """
+    from gpulayer.client.environments import Env
+
+    pip, req, env = (options.get(k) for k in ENV_OPTIONS)
+    if env is None and not pip and req is None:
+        return None
+    if isinstance(env, contracts.EnvSpec):
+        env = Env(env.pip, index_url=env.index_url, extra_index_urls=env.extra_index_urls,
+                  find_links=env.find_links, isolated=env.isolated, python=env.python,
+                  wheels=env.wheels)  # fmt: skip
+    elif isinstance(env, Mapping):
+        env = Env(**env)
+    elif env is not None and not isinstance(env, Env):
+        raise TypeError(f"environment takes a gl.Env, not a {type(env).__name__}")
+    extra = [pip] if isinstance(pip, str) else list(pip or [])
+    if env is None:
+        return Env(extra, requirements=req)
+    return env.merged(extra, req) if extra or req is not None else env
+
+
+def with_environment(
+    spec: contracts.JobSpec, options: Mapping[str, Any], conn: "Uploads"
+) -> contracts.JobSpec:
+    """``spec`` with its env's local packages uploaded through ``conn`` (when it has any)."""
+    env = environment(options)
+    if env is None or not env.needs_upload:
+        return spec
+    return spec.model_copy(update={"environment": env.spec(conn)})
+
+
 def validated(model: type[_M], **fields: Any) -> _M:
     """``model(**fields)``, a malformed field raised as a gpulayer ``ValidationError``."""
     try:
@@ -147,6 +194,9 @@ def job_spec(
 ) -> contracts.JobSpec:
     """The ``JobSpec`` of ``fields`` (the program, the kind) and ``options``; gang
     options make it ``distributed`` whatever kind ``fields`` gives."""
+    env = environment(options)
+    if env is not None:
+        fields["environment"] = env.spec()
     return validated(
         contracts.JobSpec,
         **{**fields, **gang(options, by_presence=by_presence)},
@@ -254,3 +304,47 @@ def given(args: "argparse.Namespace", names: typing.Iterable[str]) -> dict[str, 
         for n in names
         if hasattr(args, n)
     }
+
+
+#: The env flags of ``gpulayer submit`` and ``%%gpulayer`` (``add_argument`` keywords).
+ENV_FLAGS: dict[str, dict[str, Any]] = {
+    "--pip": {"dest": "pip", "action": "append", "default": [], "metavar": "REQ",
+              "help": "a requirement for the job's Python env, e.g. six==1.17.0 (repeatable)"},
+    "--requirements": {"dest": "requirements", "metavar": "FILE",
+                       "help": "a requirements file for the job's Python env"},
+    "--index-url": {"dest": "index_url", "metavar": "URL",
+                    "help": "the package index of the env (default: the worker's pip config)"},
+    "--find-links": {"dest": "find_links", "action": "append", "default": [], "metavar": "LOC",
+                     "help": "a folder (on the worker) or page of wheels (repeatable)"},
+    "--local-package": {"dest": "local_packages", "action": "append", "default": [],
+                        "metavar": "PATH", "help": "a wheel or project folder here, built"
+                        " and shipped with the job into its env (repeatable)"},
+    "--isolated-env": {"dest": "isolated_env", "action": "store_true",
+                       "help": "a clean env: the worker's own packages are not visible"},
+    "--env-from": {"dest": "env_from", "metavar": "JOB_ID",
+                   "help": "re-run with the exact versions that job's env had"},
+}  # fmt: skip
+
+
+def env_options(args: "argparse.Namespace", conn: Any = None) -> dict[str, Any]:
+    """The env options (``{"environment": Env}``, or ``{}``) of parsed :data:`ENV_FLAGS`;
+    ``--env-from`` reads that job through ``conn``."""
+    from gpulayer.client.environments import Env
+
+    local = [p for p in getattr(args, "local_packages", []) or []]
+    more = bool(args.index_url or args.find_links or local or args.isolated_env)
+    if getattr(args, "env_from", None):
+        if conn is None:
+            raise errors.ValidationError("--env-from needs a connection", field="env_from")
+        env = Env.from_job(conn.job(args.env_from))
+    elif args.pip or args.requirements or more:
+        env = Env(
+            requirements=args.requirements,
+            index_url=args.index_url,
+            find_links=args.find_links,
+            local_packages=local,
+            isolated=args.isolated_env,
+        )
+    else:
+        return {}
+    return {"environment": env.merged(args.pip) if args.pip else env}

@@ -8,7 +8,8 @@ fields so a typo in a client is a 400 naming the field, not a silently ignored
 option.
 
 The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
-:mod:`~gpulayer.contracts.resources`), :mod:`~gpulayer.contracts.logs`,
+:mod:`~gpulayer.contracts.resources`, :mod:`~gpulayer.contracts.environments`),
+:mod:`~gpulayer.contracts.logs`,
 :mod:`~gpulayer.contracts.training` (training metrics),
 :mod:`~gpulayer.contracts.artifacts`, :mod:`~gpulayer.contracts.workers`,
 :mod:`~gpulayer.contracts.tasks` (the worker's task hand-off),
@@ -39,6 +40,14 @@ from .base import (
     format_duration,
     parse_duration,
     plain_text,
+)
+from .environments import (
+    CachedEnv,
+    EnvPhase,
+    EnvSpec,
+    TaskEnvironment,
+    Wheel,
+    requirement,
 )
 from .jobs import (
     TERMINAL_STATES,
@@ -147,12 +156,15 @@ __all__ = [
     "Assignment",
     "BaseModel",
     "BlobRef",
+    "CachedEnv",
     "CellSpec",
     "CreateResultPart",
     "CreateSession",
     "CreateToken",
     "CreatedToken",
     "Device",
+    "EnvPhase",
+    "EnvSpec",
     "ErrorBody",
     "Event",
     "EventList",
@@ -213,6 +225,7 @@ __all__ = [
     "StoredMetricPoint",
     "Task",
     "TaskCompletion",
+    "TaskEnvironment",
     "TaskSample",
     "Telemetry",
     "TelemetrySample",
@@ -220,6 +233,7 @@ __all__ = [
     "TokenList",
     "TokenState",
     "WaitAny",
+    "Wheel",
     "Worker",
     "WorkerFit",
     "WorkerList",
@@ -231,4 +245,5 @@ __all__ = [
     "parse_duration",
     "parse_providers",
     "plain_text",
+    "requirement",
 ]

@@ -21,6 +21,7 @@ from .base import (
     Sha256,
     plain_text,
 )
+from .environments import EnvSpec, TaskEnvironment
 from .providers import Provisioning
 from .resources import Resources
 from .secrets import SecretNames
@@ -188,6 +189,11 @@ class JobSpec(RequestModel):
         description="names of the owner's secrets the task gets as environment variables"
         " (values never appear in a read; docs/secrets.md)",
     )
+    environment: EnvSpec | None = Field(
+        default=None,
+        description="the Python packages it runs with, built on the worker and cached"
+        " (docs/environments.md); a cell in a session runs in its session's",
+    )
 
     @property
     def world_size(self) -> int:
@@ -235,6 +241,11 @@ class JobSpec(RequestModel):
             raise ValueError(f"a '{kind}' job needs '{kind}'")
         if other is not None:
             raise ValueError(f"a '{kind}' job takes no '{'session' if kind == 'cell' else 'cell'}'")
+        if self.cell is not None and self.cell.session and self.environment is not None:
+            raise ValueError(
+                "a cell in a session runs in its session's environment: give 'environment'"
+                " when the session starts"
+            )
         if self.retries and (kind == "session" or (self.cell and self.cell.session)):
             raise ValueError("a kernel's state cannot be retried: sessions take retries=0")
         return self
@@ -278,6 +289,9 @@ class Task(DocumentModel):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     node_rank: int | None = Field(default=None, description="distributed: this task's node")
+    environment: TaskEnvironment | None = Field(
+        default=None, description="its env: preparing, ready (exact versions) or failed"
+    )
 
 
 class Job(DocumentModel):
@@ -325,6 +339,11 @@ class Job(DocumentModel):
     )
     cost: float | None = Field(
         default=None, description="its share of the provider instances it ran on (price x time)"
+    )
+    environment: TaskEnvironment | None = Field(
+        default=None,
+        description="the current attempt's env (only in single-job answers): preparing,"
+        " or the exact versions it ran with",
     )
 
     @property

@@ -15,6 +15,7 @@ from .base import (
     OptionalDuration,
     RequestModel,
 )
+from .environments import EnvSpec
 from .jobs import JobState
 from .resources import Resources
 from .secrets import SecretNames
@@ -36,6 +37,9 @@ class CreateSession(RequestModel):
     )
     secrets: SecretNames = Field(
         default=[], max_length=64, description="the owner's secrets the kernel gets in its env"
+    )
+    environment: EnvSpec | None = Field(
+        default=None, description="the Python env its kernel (and so every cell) runs in"
     )
 
 

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, StringConstraints, field_serializer
 
 from .base import API_VERSION, BASE64_BYTES, INLINE_BYTES, DocumentModel, RequestModel, Sha256
+from .environments import TaskEnvironment
 from .jobs import JobSpec
 
 
@@ -94,6 +95,11 @@ class TaskCompletion(RequestModel):
         default=None, description="a function task's outcomes, PUT to tasks/{id}/result first"
     )
     retry: bool = Field(default=True, description="false: a failure that retrying cannot change")
+    environment: TaskEnvironment | None = Field(
+        default=None,
+        description="its Python env, when not reported before (a function's cache hit"
+        " rides the completion: no extra round trip)",
+    )
 
 
 class CreateResultPart(RequestModel):

@@ -16,6 +16,7 @@ from .base import (
     RequestModel,
     plain_text,
 )
+from .environments import MAX_REPORTED_ENVS, CachedEnv
 
 #: Ceilings of what a worker may report in one registration or heartbeat; the control
 #: plane's traits (``max_heartbeat_devices``, ``max_heartbeat_tasks``) set the limits
@@ -175,6 +176,9 @@ class Heartbeat(RequestModel):
         description="per running task: the log lines it produced so far (when the task"
         " is lost, the lines never delivered are recorded as a gap)",
     )
+    envs: list[CachedEnv] = Field(
+        default=[], max_length=MAX_REPORTED_ENVS, description="the envs it keeps, newest first"
+    )
 
 
 class HeartbeatReply(DocumentModel):
@@ -208,6 +212,9 @@ class Worker(DocumentModel):
     memory_used_bytes: int | None = None
     gpus: list[GpuSample] = Field(default=[], description="the latest GPU readings")
     tasks: list[TaskSample] = Field(default=[], description="the latest per-task readings")
+    envs: list[CachedEnv] = Field(
+        default=[], description="the envs it keeps (docs/environments.md)"
+    )
 
 
 class WorkerList(DocumentModel):

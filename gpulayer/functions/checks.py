@@ -24,7 +24,18 @@ def _workers(conn: Connection) -> list[contracts.Worker]:
 
 
 def check_python(conn: Connection, spec: contracts.JobSpec) -> None:
-    """Refuse, before submitting, when every live worker runs another Python."""
+    """Refuse, before submitting, when the job's env (or, without one, every live
+    worker) runs another Python."""
+    wanted_python = spec.environment.python if spec.environment is not None else None
+    if wanted_python:
+        if wanted_python != payload.PYTHON:
+            raise errors.PayloadError(
+                f"Python version mismatch: this process runs Python {payload.PYTHON}, the"
+                f" job's environment asks for Python {wanted_python}. Pickled functions only"
+                " move between the same Python minor version.",
+                field="environment.python",
+            )
+        return
     live = [w for w in _workers(conn) if w.state in ("ready", "draining") and w.python]
     wanted = spec.resources.worker
     if wanted:

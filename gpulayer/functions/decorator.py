@@ -49,7 +49,7 @@ _CHUNKS_PER_SLOT = 4  # map: chunks per parallel slot, for load balance
 _MAX_CHUNK = 512
 
 _OPTIONS = frozenset(
-    {*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS}
+    {*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS, *specs.ENV_OPTIONS}
     | {"retry_exceptions", "connection"}
 )
 
@@ -121,6 +121,13 @@ class RemoteFunction(Generic[P, R]):
     def __init__(self, fn: Callable[P, R], options: Mapping[str, Any]) -> None:
         self._fn = fn
         self._options = dict(options)
+        # One Env for every call: its requirements file is read, its local packages
+        # uploaded, once.
+        env = specs.environment(self._options)
+        for k in specs.ENV_OPTIONS:
+            self._options.pop(k, None)
+        if env is not None:
+            self._options["environment"] = env
         functools.update_wrapper(self, fn)
         self._spec = self._base_spec()  # malformed options fail at decoration time
 
@@ -273,4 +280,5 @@ class RemoteFunction(Generic[P, R]):
         update: dict[str, Any] = {"function": contracts.FunctionCall(**fn)}
         if self._spec.timeout is not None and len(calls) > 1:
             update["timeout"] = self._spec.timeout * len(calls)  # the timeout is per call
-        return self._spec.model_copy(update=update)
+        spec = specs.with_environment(self._spec, self._options, conn)
+        return spec.model_copy(update=update)

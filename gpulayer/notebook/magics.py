@@ -93,6 +93,13 @@ def _names(text: str | None, option: str) -> list[str]:
     return names
 
 
+def _env_flags(fn: Any) -> Any:
+    """The ``@argument`` of every env flag (:data:`gpulayer.client.specs.ENV_FLAGS`)."""
+    for flag, kwargs in reversed(specs.ENV_FLAGS.items()):
+        fn = argument(flag, **kwargs)(fn)
+    return fn
+
+
 @magics_class
 class GpulayerMagics(Magics):
     """``%%gpulayer`` and ``%gpulayer``; see the module docstring."""
@@ -116,6 +123,7 @@ class GpulayerMagics(Magics):
     @_option("nodes", default=None, help="distributed: run the cell on N workers at once")
     @_option("nproc_per_node", default=None, metavar="M")
     @_option("launcher", default=None, help="distributed: how ranks start")
+    @_env_flags
     @cell_magic
     def gpulayer(self, line: str, cell: str) -> Any:
         """Run the cell in a remote kernel (see ``gpulayer.notebook.magics``)."""
@@ -156,16 +164,18 @@ class GpulayerMagics(Magics):
             return self._run_gang(args, source, values, pull, timeout, resources)
         conn = connection()
         try:
+            env = specs.env_options(args, conn).get("environment")
             if args.session:
+                # The env applies when this cell starts the session; its kernel keeps it.
                 cells.ensure_session(
                     conn, args.session, idle_timeout=args.idle_timeout,
-                    api_access=args.api_access, secrets=args.secrets, **resources,
+                    api_access=args.api_access, secrets=args.secrets, environment=env, **resources,
                 )  # fmt: skip
-                resources = {}
+                resources, env = {}, None
             run = cells.submit(
                 conn, source, session=args.session, push={n: ns[n] for n in push},
                 pull=pull, timeout=timeout, queue_timeout=queue_timeout,
-                api_access=args.api_access, secrets=args.secrets, **resources,
+                api_access=args.api_access, secrets=args.secrets, environment=env, **resources,
             )  # fmt: skip
         except errors.ValidationError as e:
             raise UsageError(e.message) from e
@@ -200,7 +210,7 @@ class GpulayerMagics(Magics):
                 run_source, name="cell", launcher=args.launcher or "torchrun",
                 timeout=timeout, api_access=args.api_access, secrets=args.secrets,
                 connection=conn,
-                **gang, **resources,
+                **gang, **resources, **specs.env_options(args, conn),
             )  # fmt: skip
             if args.no_wait:
                 return fn.spawn(source, values, pull).job

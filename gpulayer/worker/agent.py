@@ -44,6 +44,7 @@ from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir, tighten
 from gpulayer.worker import devices, network, spawning, task_user
 from gpulayer.worker.credential import CredentialFile
+from gpulayer.worker.environments import DEFAULT_MAX_BYTES, EnvCache, default_root
 from gpulayer.worker.functions import RunnerPool
 from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
@@ -82,6 +83,9 @@ class AgentConfig:
     first_registration_seconds: float = 60.0  # give up on an unreachable URL (0: never)
     # Who runs tasks when the worker is root: None for gpulayer-task, "" for the worker's user.
     task_user: str | None = None
+    env_cache: Path | None = None  # job environments (default: environments.default_root())
+    env_cache_bytes: int = DEFAULT_MAX_BYTES  # their size cap (least recently used go first)
+    env_installer: str | None = None  # "uv" or "pip" (default: uv when installed)
 
 
 class Agent:
@@ -123,6 +127,15 @@ class Agent:
             max_calls=config.runner_max_calls,
             prestart=config.warm_runners,
         )
+        self.envs = EnvCache(
+            config.env_cache or default_root(),
+            max_bytes=config.env_cache_bytes,
+            # A root worker whose tasks run as another user builds as root: wheels only.
+            wheels_only=os.geteuid() == 0 and spawning.task_user() is not None,
+            installer=config.env_installer,
+            base_env=inherited_env(),
+        )
+        self._runners.hold = self.envs.hold
         self._kernels = KernelHost()
         launcher = Launcher(
             worker_name=self.name,
@@ -134,6 +147,8 @@ class Agent:
             kill_grace_seconds=config.kill_grace_seconds,
             control_plane=ControlPlaneAddress(config.url, config.fingerprint, config.insecure),
             network=lambda: self.network,
+            envs=self.envs,
+            report_env=self._report_env,
         )
         self._pipeline = Pipeline(
             self._uplink,
@@ -276,6 +291,7 @@ class Agent:
             gpus=self._gpu_telemetry.sample(),
             tasks=[self._trees.sample(task_id, pid) for pid, task_id in pids.items()],
             log_lines={t.id: t.logs.produced for t in self._tasks.values()},
+            envs=await asyncio.to_thread(self._env_listing),
         )
         self._trees.forget(set(pids))
         try:
@@ -294,6 +310,19 @@ class Agent:
         elif resp.status_code < 500:
             log.warning("heartbeat refused: %s", describe(resp))
         return resp.status_code < 500
+
+    def _env_listing(self) -> list[c.CachedEnv]:
+        try:
+            return self.envs.listing()
+        except OSError as e:  # the cache folder went away: nothing to list
+            log.warning("cannot list the env cache: %s", e)
+            return []
+
+    async def _report_env(self, task_id: str, env: c.TaskEnvironment) -> None:
+        """Tell the control plane how a task's Python env is doing."""
+        resp = await self._uplink.call("POST", f"tasks/{task_id}/environment", body=env)
+        if not resp.is_success:
+            log.info("environment report of task %s refused: %s", task_id, describe(resp))
 
     async def _acquire_loop(self) -> None:
         delay = BACKOFF_START_SECONDS

@@ -37,7 +37,6 @@ import os
 import pickle
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.payload import Summary
+from gpulayer.worker.environments import EnvHold, EnvRef, interpreter
 from gpulayer.worker.runs import LineCallback, RunOutcome
 from gpulayer.worker.spawning import child_options, task_user
 from gpulayer.worker.workspace import keep_fence_mark, user_env
@@ -60,8 +60,9 @@ _START_TIMEOUT_SECONDS = 60.0
 #: ``on_part(index, outcome)``: one call's outcome (an ``outcomes`` payload) as it returned.
 PartCallback = Callable[[int, bytes], None]
 
-#: ``(owner, gpu indices, job env)``; owner None: a fresh runner nobody has claimed.
-Key = tuple[str | None, tuple[int, ...], tuple[tuple[str, str], ...]]
+#: ``(owner, gpu indices, job env, Python env)``; owner None: a fresh runner nobody has
+#: claimed; Python env None: the worker's own interpreter.
+Key = tuple[str | None, tuple[int, ...], tuple[tuple[str, str], ...], EnvRef | None]
 
 
 class RunnerDied(Exception):
@@ -88,11 +89,12 @@ class RunnerDied(Exception):
         )
 
 
-def key_for(assignment: c.Assignment) -> Key:
-    """The pool key of a task: its job's owner, GPU reservation and env (its secrets
-    included: a runner started with a secret serves only calls given the same value)."""
+def key_for(assignment: c.Assignment, python_env: EnvRef | None = None) -> Key:
+    """The pool key of a task: its job's owner, GPU reservation, env (its secrets
+    included: a runner started with a secret serves only calls given the same value) and
+    Python env."""
     env = tuple(sorted({**assignment.spec.env, **assignment.secret_env()}.items()))
-    return assignment.owner, tuple(assignment.gpu_indices), env
+    return assignment.owner, tuple(assignment.gpu_indices), env, python_env
 
 
 class Runner:
@@ -101,9 +103,15 @@ class Runner:
     _ids = itertools.count(1)
 
     def __init__(
-        self, key: Key, proc: asyncio.subprocess.Process, name: str, folder: Path | None = None
+        self,
+        key: Key,
+        proc: asyncio.subprocess.Process,
+        name: str,
+        folder: Path | None = None,
+        hold: EnvHold | None = None,
     ) -> None:
         self.key = key
+        self.hold = hold  # keeps its Python env from being evicted while it lives
         self.proc = proc
         self.name = name
         self.folder = folder  # its HOME and TMPDIR with a task user, removed with it
@@ -113,9 +121,16 @@ class Runner:
         self._stderr_task = asyncio.create_task(self._pump_stderr(), name=f"{self.name}-stderr")
 
     @classmethod
-    async def start(cls, key: Key, env: Mapping[str, str], homes: Path | None = None) -> "Runner":
+    async def start(
+        cls,
+        key: Key,
+        env: Mapping[str, str],
+        homes: Path | None = None,
+        hold: EnvHold | None = None,
+    ) -> "Runner":
         """Start a runner and wait for its ``ready`` frame; with a task user its HOME
-        and TMPDIR are a folder of its own under ``homes``."""
+        and TMPDIR are a folder of its own under ``homes``; ``hold`` (on its Python
+        env) is released when it closes."""
         name = f"runner-{next(cls._ids)}"
         env = dict(env)
         folder = None
@@ -127,8 +142,10 @@ class Runner:
         except BaseException:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+            if hold is not None:
+                hold.release()
             raise
-        runner = cls(key, proc, name, folder)
+        runner = cls(key, proc, name, folder, hold)
         try:
             msg = await asyncio.wait_for(runner._recv(), _START_TIMEOUT_SECONDS)
         except BaseException:  # incl. cancellation by RunnerPool.close: reap it first
@@ -143,7 +160,7 @@ class Runner:
     @staticmethod
     async def _spawn(env: Mapping[str, str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
-            sys.executable,
+            interpreter(env),
             "-m",
             "gpulayer.worker.runner",
             stdin=asyncio.subprocess.PIPE,
@@ -284,6 +301,9 @@ class Runner:
         if self.folder is not None:
             await asyncio.to_thread(shutil.rmtree, self.folder, True)
             self.folder = None
+        if self.hold is not None:
+            self.hold.release()
+            self.hold = None
 
 
 def _runner_folder(root: Path) -> Path:
@@ -313,6 +333,8 @@ class RunnerPool:
         When a runner is retired.
     prestart
         Runners kept ready for the plain key.
+    hold
+        Takes a hold on a Python env (so it is not evicted while a runner uses it).
     """
 
     base_env: Mapping[str, str]
@@ -321,13 +343,14 @@ class RunnerPool:
     max_calls: int = 1000
     idle_seconds: float = 600.0
     prestart: int = 1
+    hold: Callable[[str], EnvHold | None] | None = None
     _idle: dict[Key, list[Runner]] = field(default_factory=dict)
     _starting: dict[Key, int] = field(default_factory=dict)
     _busy: set[Runner] = field(default_factory=set)
     _closed: bool = False
     _spares: set[asyncio.Task[None]] = field(default_factory=set)
 
-    PLAIN: Key = (None, (), ())
+    PLAIN: Key = (None, (), (), None)
 
     def start(self) -> None:
         """Start the prestarted runners in the background."""
@@ -335,10 +358,13 @@ class RunnerPool:
             self._spare(self.PLAIN)
 
     def env_for(self, key: Key) -> dict[str, str]:
-        """A runner's environment: the base, the job's env, the GPU reservation."""
-        _, gpus, job_env = key
+        """A runner's environment: the base, the job's env, the GPU reservation, its
+        Python env."""
+        _, gpus, job_env, python_env = key
         env = dict(self.base_env)
         env.update(job_env)
+        if python_env is not None:
+            env = python_env.apply(env)
         keep_fence_mark(env, self.base_env)
         visible = ",".join(map(str, gpus))
         env.update(CUDA_VISIBLE_DEVICES=visible, HIP_VISIBLE_DEVICES=visible)
@@ -349,7 +375,7 @@ class RunnerPool:
         """An idle runner for ``key`` (its owner's), else a fresh unclaimed one, else a
         new one; a spare starts behind it."""
         self._retire_stale()
-        unclaimed: Key = (None, key[1], key[2])
+        unclaimed: Key = (None, key[1], key[2], key[3])
         while True:
             # The warmest runner first: it has the user's imports and caches loaded.
             idle = self._idle.get(key) or self._idle.get(unclaimed)
@@ -366,7 +392,7 @@ class RunnerPool:
             if starting:  # one is on its way: cheaper than starting a second
                 await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            runner = await Runner.start(key, self.env_for(key), self.homes)
+            runner = await self._start(key)
             break
         self._busy.add(runner)
         if not self._idle.get(key) and not self._starting.get(key) and self._room():
@@ -411,7 +437,7 @@ class RunnerPool:
 
         async def start() -> None:
             try:
-                runner = await Runner.start(key, self.env_for(key), self.homes)
+                runner = await self._start(key)
             except Exception:  # a background start: the next take() starts one itself
                 log.exception("could not start a spare runner")
                 return
@@ -426,6 +452,14 @@ class RunnerPool:
         task = asyncio.create_task(start(), name=_spare_name(key))
         self._spares.add(task)
         task.add_done_callback(self._spares.discard)
+
+    async def _start(self, key: Key) -> Runner:
+        hold = None
+        if key[3] is not None and self.hold is not None:
+            hold = await asyncio.to_thread(self.hold, key[3].key)
+            if hold is None:
+                raise RunnerDied(None, f"could not start: its Python env {key[3].key} is gone")
+        return await Runner.start(key, self.env_for(key), self.homes, hold)
 
     def _room(self) -> bool:
         """Whether another runner fits: at most ``max_idle`` in all, busy ones included."""
@@ -466,9 +500,13 @@ class FunctionRun:
         cwd: Path,
         on_line: LineCallback,
         on_part: PartCallback | None = None,
+        python_env: EnvRef | None = None,
+        env_python: str = "",
     ) -> None:
         self._pool = pool
         self._on_part = on_part  # each call's outcome as it returns (calls > 1)
+        self._python_env = python_env
+        self._env_python = env_python  # major.minor of the Python env's interpreter
         self._a = assignment
         self._data = data
         self._env = dict(env)  # the per-call variables (task_vars)
@@ -497,7 +535,15 @@ class FunctionRun:
         spec = self._a.spec
         if self._cancelled.is_set():
             return RunOutcome("cancelled", None, self._cancel_reason)
-        runner = self._runner = await self._pool.take(key_for(self._a))
+        pickled_by = spec.function.python if spec.function is not None else ""
+        if self._env_python and pickled_by and pickled_by != self._env_python:
+            why = (
+                f"Python version mismatch: the function was pickled by Python {pickled_by},"
+                f" its environment runs Python {self._env_python}"
+            )
+            self._on_line(c.LogStream.system, why, datetime.now(UTC))
+            return RunOutcome("failed", None, why, retry=False)
+        runner = self._runner = await self._pool.take(key_for(self._a, self._python_env))
         making = runner.call(
             self._a.task_id, self._data, self._env, self._cwd, self._on_line,
             skip=self._a.done_calls, on_part=self._on_part,

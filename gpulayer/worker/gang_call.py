@@ -9,12 +9,12 @@ is retried only if the function asks for it.
 
 import asyncio
 import dataclasses
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from gpulayer import contracts as c
 from gpulayer.worker import rank_call
+from gpulayer.worker.environments import interpreter
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.torchrun import GangRun, RankedLineCallback
 from gpulayer.worker.workspace import read_owned, write_for_task
@@ -54,7 +54,7 @@ class GangCallRun:
         self._root = root
         self._node_rank = assignment.gang.node_rank
         self._retry_exceptions = assignment.spec.function.retry_exceptions
-        argv = [sys.executable, "-m", "gpulayer.worker.rank_call", str(root / _PAYLOAD_FILE)]
+        argv = [interpreter(env), "-m", "gpulayer.worker.rank_call", str(root / _PAYLOAD_FILE)]
         spec = assignment.spec.model_copy(update={"command": argv, "shell": None, "function": None})
         self._gang = GangRun(
             assignment.model_copy(update={"spec": spec}),

@@ -24,13 +24,13 @@ import contextlib
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpulayer import contracts as c
+from gpulayer.worker.environments import interpreter
 from gpulayer.worker.runs import Run
 from gpulayer.worker.spawning import child_options, task_user
 
@@ -96,9 +96,10 @@ class Kernel:
         from jupyter_client.kernelspec import KernelSpec
         from jupyter_client.manager import AsyncKernelManager
 
-        # The worker's own interpreter, whatever kernelspecs the machine has installed.
+        # The worker's own interpreter (or the job's env's), whatever kernelspecs the
+        # machine has installed.
         spec = KernelSpec(
-            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            argv=[interpreter(self.env), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             display_name="gpulayer",
             language="python",
         )

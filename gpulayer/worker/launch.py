@@ -14,7 +14,11 @@ cell                     :class:`CellTaskRun`               folder (none for a p
 =======================  =================================  ==========================
 
 Preparing may download a bundle, a payload or a push from the control plane;
-when one is missing or corrupt the run never starts and the task fails.
+when one is missing or corrupt the run never starts and the task fails. A job
+with an ``environment`` gets its Python env from the worker's
+:class:`~gpulayer.worker.environments.EnvCache` (built unless cached; its phase
+reported to the control plane), applied to the run: commands and ranks find its
+``bin`` first on ``PATH``, runners and kernels start its interpreter.
 """
 
 import asyncio
@@ -24,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulayer import contracts as c
+from gpulayer.worker.environments import EnvBuildFailed, EnvCache, Prepared
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
 from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
@@ -41,6 +46,8 @@ log = logging.getLogger(__name__)
 BlobSource = Callable[[str], Awaitable[bytes]]
 #: ``blob_file(sha256)``: a bundle by its hash, as a file in the worker's cache.
 BlobFile = Callable[[str], Awaitable[Path]]
+#: ``report(task_id, environment)``: tell the control plane how a task's env is doing.
+EnvReport = Callable[[str, c.TaskEnvironment], Awaitable[None]]
 
 
 class Launcher:
@@ -59,7 +66,11 @@ class Launcher:
         blob_file: BlobFile | None = None,
         control_plane: ControlPlaneAddress | None = None,
         network: Callable[[], Network] | None = None,
+        envs: EnvCache | None = None,
+        report_env: EnvReport | None = None,
     ) -> None:
+        self._envs = envs
+        self._report_env = report_env
         self._name = worker_name
         self._network = network
         self._control_plane = control_plane
@@ -107,23 +118,60 @@ class Launcher:
             )
             await asyncio.to_thread(folder.unpack, bundle)  # a file: read a block at a time
         await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
+        python_env = await self._python_env(task)
         if fn is None:
-            return self._command_run(task, folder)
+            return self._command_run(task, folder, python_env)
         payload = fn.payload if fn.payload is not None else await self._blob(fn.payload_blob or "")
         if a.gang is not None:
-            return self._gang_call_run(task, folder, payload)
+            return self._gang_call_run(task, folder, payload, python_env)
         # The runner has the rest of the environment already.
         env = task_vars(a, folder.artifacts, self._control_plane)
         on_part = task.parts.add if task.parts is not None else None
         return FunctionRun(
-            self._runners, a, payload, env=env, cwd=folder.work, on_line=task.logs.add,
+            self._runners,
+            a,
+            payload,
+            env=env,
+            cwd=folder.work,
+            on_line=task.logs.add,
             on_part=on_part,
-        )  # fmt: skip
+            python_env=python_env.ref if python_env else None,
+            env_python=python_env.report.python if python_env else "",
+        )
 
-    def _command_run(self, task: TaskRecord, folder: TaskDir) -> Run:
+    async def _python_env(self, task: TaskRecord) -> Prepared | None:
+        """The job's Python env, built or taken from the cache and held for the task
+        (None when the job names none).
+
+        Raises
+        ------
+        EnvBuildFailed
+            With the installer's message (the task fails, not retried).
+        """
+        spec = task.assignment.spec.environment
+        if spec is None or spec.empty:
+            return None
+        if self._envs is None:
+            raise EnvBuildFailed("this worker keeps no environments")
+
+        def line(text: str) -> None:
+            task.logs.add(c.LogStream.system, text, _now())
+
+        async def report(env: c.TaskEnvironment) -> None:
+            if env.cached and task.assignment.spec.function is not None:
+                task.env_on_completion = env  # a warm call: no extra round trip
+            elif self._report_env is not None:
+                task.report_env(self._report_env, env)
+
+        prepared = await self._envs.prepare(spec, line, report, fetch=self._blob)
+        task.env_hold = prepared.hold
+        return prepared
+
+    def _command_run(self, task: TaskRecord, folder: TaskDir, python_env: Prepared | None) -> Run:
         """A command, alone or as one node of a gang; its training metrics followed."""
         a = task.assignment
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        env = _activate(env, python_env)
         task.follow_metrics(env)
         grace = self._kill_grace_seconds
         if a.gang is not None:
@@ -135,11 +183,14 @@ class Launcher:
             a.spec, cwd=folder.work, env=env, on_line=task.logs.add, kill_grace_seconds=grace
         )
 
-    def _gang_call_run(self, task: TaskRecord, folder: TaskDir, payload: bytes) -> Run:
+    def _gang_call_run(
+        self, task: TaskRecord, folder: TaskDir, payload: bytes, python_env: Prepared | None
+    ) -> Run:
         """One node of a distributed function; its training metrics followed."""
         a = task.assignment
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         env.update(self._socket_env(a))
+        env = _activate(env, python_env)
         task.follow_metrics(env)
         return GangCallRun(
             a,
@@ -168,6 +219,7 @@ class Launcher:
         folder = await task.make_dir(self._tasks_root)
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         await task.file_work(folder.hand_over)
+        env = _activate(env, await self._python_env(task))
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None
@@ -181,6 +233,10 @@ class Launcher:
             on_line=task.logs.add,
             push=push,
         )
+
+
+def _activate(env: dict[str, str], python_env: Prepared | None) -> dict[str, str]:
+    return env if python_env is None else python_env.ref.apply(env)
 
 
 def _gpus(indices: list[int]) -> str:

@@ -36,6 +36,7 @@ import httpx
 from gpulayer import contracts as c
 from gpulayer import transfer
 from gpulayer.errors import GpulayerError
+from gpulayer.worker.environments import EnvBuildFailed
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.lease import Lease
 from gpulayer.worker.logs import LogShipper
@@ -183,6 +184,9 @@ class Pipeline:
         except Exception:  # a task boundary: nothing more can be delivered
             log.exception("task %s: result not delivered", task.id)
         finally:
+            task.release_env()
+            if task.env_sent is not None and not task.env_sent.done():
+                task.env_sent.cancel()
             task.logs.stop()
             if task.shipper is not None:
                 task.shipper.cancel()
@@ -205,6 +209,10 @@ class Pipeline:
                 return RunOutcome("cancelled", None, task.cancel_reason)
             try:
                 run = await self._launcher.prepare(task)
+            except EnvBuildFailed as e:  # retrying the same requirements would not help
+                why = f"environment not built: {e}"
+                task.logs.add(c.LogStream.system, why, _now())
+                return RunOutcome("failed", None, why, retry=False)
             except GpulayerError as e:  # a bundle, payload or push it cannot have
                 task.logs.add(c.LogStream.system, str(e), _now())
                 return RunOutcome("failed", None, str(e))
@@ -221,6 +229,7 @@ class Pipeline:
         await task.logs.flush()
         if task.parts is not None:
             await task.parts.flush()  # the calls it finished, even when it ends without a result
+        await task.env_reported()
         if task.metrics is not None:
             await task.metrics.flush()
         if task.dir is not None:
@@ -241,9 +250,9 @@ class Pipeline:
             blob = await self._upload_result(task, outcome.result)
             if blob is None:
                 return
-        resp = await self._uplink.call(
-            "POST", f"tasks/{task.id}/complete", body=outcome.completion(result_blob=blob)
-        )
+        body = outcome.completion(result_blob=blob)
+        body.environment = task.env_on_completion
+        resp = await self._uplink.call("POST", f"tasks/{task.id}/complete", body=body)
         if resp.is_success:
             c.Task.model_validate(resp.json())
         else:

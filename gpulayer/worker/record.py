@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpulayer import contracts as c
+from gpulayer.worker.environments import EnvHold
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.parts import PartShipper
 from gpulayer.worker.runs import Run
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MetricsSender = Callable[[c.MetricBatch], Awaitable[c.MetricAck | None]]
+EnvSender = Callable[[str, c.TaskEnvironment], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -42,6 +44,9 @@ class TaskRecord:
     fenced: bool = False  # stopped because the lease may be lost: report ``lost``
     parts: PartShipper | None = None  # a function task of several calls: their outcomes
     parts_loop: "asyncio.Task[None] | None" = None
+    env_hold: EnvHold | None = None  # its Python env, kept from eviction while it runs
+    env_sent: "asyncio.Task[None] | None" = None  # the last env report, in order
+    env_on_completion: c.TaskEnvironment | None = None  # a cache hit, sent with the end
 
     @property
     def id(self) -> str:
@@ -74,6 +79,32 @@ class TaskRecord:
         if self.parts is not None:
             self.parts.stop()
         self.cancel(why)
+
+    def report_env(self, send: EnvSender, env: c.TaskEnvironment) -> None:
+        """Send ``env`` after the reports before it, without waiting for it (a cache hit
+        costs no round trip); :meth:`env_reported` waits for them all."""
+        before = self.env_sent
+
+        async def chained() -> None:
+            if before is not None:
+                await before
+            try:
+                await send(self.id, env)
+            except Exception:  # a report is for people: the task goes on without it
+                log.exception("task %s: environment report not sent", self.id)
+
+        self.env_sent = asyncio.create_task(chained(), name=f"env-{self.id}")
+
+    async def env_reported(self) -> None:
+        """Wait until every env report was sent (before the task completes)."""
+        if self.env_sent is not None:
+            await self.env_sent
+
+    def release_env(self) -> None:
+        """Let the task's Python env go (it may be evicted once nothing holds it)."""
+        if self.env_hold is not None:
+            self.env_hold.release()
+            self.env_hold = None
 
     def follow_metrics(self, env: dict[str, str]) -> None:
         """Point the task's ``$GPULAYER_METRICS_FILE`` into its folder and follow it."""

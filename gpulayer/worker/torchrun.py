@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpulayer.contracts import Assignment, Gang, LogStream
+from gpulayer.worker.environments import interpreter
 from gpulayer.worker.process import CommandRun, argv_for
 from gpulayer.worker.runs import RunOutcome
 
@@ -170,7 +171,7 @@ class GangRun:
     # ---------------------------------------------------------------- torchrun
 
     async def _torchrun(self) -> RunOutcome:
-        argv = torchrun_argv(self.gang, argv_for(self.spec))
+        argv = torchrun_argv(self.gang, argv_for(self.spec), interpreter(self.env))
         env = {**threads_env(self.env, self.gang),
                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[gl-rank${rank}]:"}  # fmt: skip
         spec = self.spec.model_copy(update={"command": argv, "shell": None})

@@ -19,6 +19,7 @@ from gpulayer.contracts import (
     LogBatch,
     ResultPartBatch,
     TaskCompletion,
+    TaskEnvironment,
     WorkerRegistration,
 )
 from gpulayer.errors import PayloadTooLarge, ValidationError
@@ -113,6 +114,17 @@ class TaskLogsHandler(GpulayerAPIHandler):
         if len(batch.lines) > most:
             raise PayloadTooLarge(f"a log batch holds at most {most} lines", field="lines")
         self.reply(await self.gl.tasks.append_logs(self.who, task_id, batch))
+
+
+class TaskEnvironmentHandler(GpulayerAPIHandler):
+    """``POST tasks/{id}/environment``: how the task's Python env is doing."""
+
+    @allow_unauthenticated
+    @requires("worker")
+    async def post(self, task_id: str) -> None:
+        """Keep the report (preparing, ready with exact versions, or failed)."""
+        env = self.parse(TaskEnvironment)
+        self.reply(await self.gl.tasks.set_environment(self.who, task_id, env))
 
 
 class TaskArtifactHandler(GpulayerAPIHandler):
@@ -210,5 +222,6 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = [
     (r"tasks/(?P<task_id>[^/]+)/result", TaskResultHandler),
     (r"tasks/(?P<task_id>[^/]+)/complete", TaskCompleteHandler),
     (r"tasks/(?P<task_id>[^/]+)/parts", TaskPartsHandler),
+    (r"tasks/(?P<task_id>[^/]+)/environment", TaskEnvironmentHandler),
     (r"blobs/(?P<sha256>[^/]+)", BlobHandler),
 ]

@@ -16,7 +16,7 @@ from .records import (
     TaskRecord,
     gpu_indices,
 )
-from .writes import insert
+from .writes import insert, set_task_environment
 
 _ACTIVE = "('scheduled', 'running')"
 
@@ -133,6 +133,10 @@ class JobQueries(Database):
             f" AND state = 'running' AND id IN ({marks(task_ids)})"
         )
         await self._write([(sql, (until, worker_id, *task_ids))])
+
+    async def set_task_environment(self, task_id: str, environment_json: str) -> None:
+        """Keep the worker's latest report on a task's Python environment."""
+        await self._write([set_task_environment(task_id, environment_json)])
 
     async def extend_all_leases(self, until: float) -> None:
         """After a restart: give every running task time for its worker to return."""

@@ -23,6 +23,7 @@ from gpulayer.contracts import (
     JobSpec,
     JobState,
     Task,
+    TaskEnvironment,
     Worker,
     WorkerState,
 )
@@ -141,6 +142,7 @@ class TaskRecord:
     node_rank: int | None
     gang_json: str | None
     metric_seq: int
+    environment_json: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -155,7 +157,7 @@ class TaskRecord:
             gpu_indices(r["gpu_indices"]), r["exit_code"],
             r["reason"], r["created_at"], r["started_at"], r["ended_at"], r["lease_expires"],
             bool(r["cancel_requested"]), r["log_seq"], r["node_rank"], r["gang"],
-            r["metric_seq"],
+            r["metric_seq"], r["environment"],
         )  # fmt: skip
 
     def model(self, names: dict[str, str] | None = None) -> Task:
@@ -174,6 +176,11 @@ class TaskRecord:
             started_at=as_optional_datetime(self.started_at),
             ended_at=as_optional_datetime(self.ended_at),
             node_rank=self.node_rank,
+            environment=(
+                None
+                if self.environment_json is None
+                else TaskEnvironment.model_validate_json(self.environment_json)
+            ),
         )
 
 

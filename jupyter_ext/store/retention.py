@@ -11,13 +11,16 @@ from .db import Database, marks, transaction
 _ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 #: Rows of a job, children first (``tasks`` and ``results`` reference ``jobs``).
 _JOB_TABLES = ("logs", "metrics", "events", "artifacts", "results", "result_parts", "tasks")
-#: Where jobs name blobs: artifacts, results, and their specs' bundle, payload and push.
+#: Where jobs name blobs: artifacts, results, and their specs' bundle, payload, push and
+#: shipped wheels.
 _BLOB_REFS = (
     "SELECT sha256 FROM artifacts{where}",
     "SELECT sha256 FROM results WHERE sha256 IS NOT NULL{and_}",
     "SELECT json_extract(spec, '$.bundle') FROM jobs{where_id}",
     "SELECT json_extract(spec, '$.function.payload_blob') FROM jobs{where_id}",
     "SELECT json_extract(spec, '$.cell.push_blob') FROM jobs{where_id}",
+    "SELECT json_extract(w.value, '$.sha256') FROM (SELECT spec FROM jobs{where_id}) AS j,"
+    " json_each(j.spec, '$.environment.wheels') AS w",
 )
 
 

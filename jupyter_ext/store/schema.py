@@ -246,9 +246,15 @@ CREATE TABLE IF NOT EXISTS result_parts (
 );
 """
 
+# v13: what a task's Python environment is doing (docs/environments.md): the worker's
+# last TaskEnvironment report as JSON (preparing, or ready with the exact versions).
+_SCHEMA_V13 = """
+ALTER TABLE tasks ADD COLUMN environment TEXT;
+"""
+
 #: Index n holds the script that moves a database from version n to n + 1.
 MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5, _SCHEMA_V6, _SCHEMA_V7,
-    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10, _SCHEMA_V11, _SCHEMA_V12,
+    _SCHEMA_V8, _SCHEMA_V9, _SCHEMA_V10, _SCHEMA_V11, _SCHEMA_V12, _SCHEMA_V13,
 )  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -78,14 +78,16 @@ class WorkerQueries(Database):
         await self._write([(sql, (state.value, worker_id))])
 
     async def worker_has_bundle(self, worker_id: str, sha256: str) -> bool:
-        """Whether a task placed on the worker (and not ended) has this bundle or
-        function payload."""
+        """Whether a task placed on the worker (and not ended) has this bundle,
+        function payload or shipped wheel."""
         row = await self._one(
             "SELECT 1 FROM tasks JOIN jobs ON jobs.id = tasks.job_id"
             " WHERE tasks.worker_id = ? AND tasks.state IN ('scheduled', 'running')"
             " AND (json_extract(jobs.spec, '$.bundle') = ?"
-            " OR json_extract(jobs.spec, '$.function.payload_blob') = ?) LIMIT 1",
-            (worker_id, sha256, sha256),
+            " OR json_extract(jobs.spec, '$.function.payload_blob') = ?"
+            " OR EXISTS (SELECT 1 FROM json_each(jobs.spec, '$.environment.wheels')"
+            " WHERE json_extract(json_each.value, '$.sha256') = ?)) LIMIT 1",
+            (worker_id, sha256, sha256, sha256),
         )
         return row is not None
 

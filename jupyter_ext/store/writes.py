@@ -91,6 +91,11 @@ def set_job_state(
     return f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job_id)
 
 
+def set_task_environment(task_id: str, environment_json: str) -> Statement:
+    """Keep the worker's latest report on a task's Python environment."""
+    return "UPDATE tasks SET environment = ? WHERE id = ?", (environment_json, task_id)
+
+
 def set_task_running(task_id: str, now: float, lease_expires: float) -> Statement:
     """A task its worker picked up."""
     return (

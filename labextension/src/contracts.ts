@@ -18,6 +18,18 @@ export interface IArtifactList {
   artifacts: IArtifact[];
 }
 
+/** One env a worker keeps in its cache (its heartbeat lists them). */
+export interface ICachedEnv {
+  key: string;
+  size_bytes: number;
+  last_used_at: string;
+  /** tasks and runners using it now */
+  in_use: number;
+  /** how many packages it holds */
+  packages: number;
+  python: string;
+}
+
 /** The code of a ``cell`` job, run in a headless Jupyter kernel on the worker. ``session`` names a running session (its kernel, worker and GPUs); without it the cell gets a fresh kernel with the job's own resources. ``push`` is a ``values`` payload (:mod:`gpulayer.variables`) set in the kernel before the cell runs, inline or uploaded (``push_blob``); ``pull`` names the variables sent back as the job's result. */
 export interface ICellSpec {
   source: string;
@@ -40,6 +52,23 @@ export interface IDevice {
   /** CUDA or ROCm version */
   runtime_version: string | null;
   simulated: boolean;
+}
+
+/** The Python environment a job runs in, built on the worker (with uv) and cached. By default the env is *layered*: a virtual env whose own packages come first, with the worker's site-packages visible behind them (the worker's torch stays importable); ``isolated`` gives a clean one. Requirements are normalized (PEP 508) and deduplicated, so equal envs have equal :attr:`digest`. */
+export interface IEnvSpec {
+  /** requirements, PEP 508 strings */
+  pip: string[];
+  /** the package index (default: the worker's pip configuration) */
+  index_url: string | null;
+  extra_index_urls: string[];
+  /** folders or pages of wheels, on the worker */
+  find_links: string[];
+  /** wheels shipped with the job (local packages) */
+  wheels: IWheel[];
+  /** a clean env: no worker packages visible */
+  isolated: boolean;
+  /** major.minor of the env's interpreter (default: the worker's) */
+  python: string | null;
 }
 
 /** The JSON body of every 4xx/5xx answer. */
@@ -136,6 +165,8 @@ export interface IJob {
   provisioning: IProvisioning | null;
   /** its share of the provider instances it ran on (price x time) */
   cost: number | null;
+  /** the current attempt's env (only in single-job answers): preparing, or the exact versions it ran with */
+  environment: ITaskEnvironment | null;
 }
 
 /** What a job runs. */
@@ -180,6 +211,8 @@ export interface IJobSpec {
   queue_timeout: number | null;
   /** names of the owner's secrets the task gets as environment variables (values never appear in a read; docs/secrets.md) */
   secrets: string[];
+  /** the Python packages it runs with, built on the worker and cached (docs/environments.md); a cell in a session runs in its session's */
+  environment: IEnvSpec | null;
 }
 
 /** Life cycle of a job (and of each of its tasks). */
@@ -295,6 +328,25 @@ export interface ITask {
   ended_at: string | null;
   /** distributed: this task's node */
   node_rank: number | null;
+  /** its env: preparing, ready (exact versions) or failed */
+  environment: ITaskEnvironment | null;
+}
+
+/** What a worker reports about a task's env: ``preparing`` when its build (or the wait for another task's build of it) starts, then ``ready`` with the exact versions in it, or ``failed`` with the installer's message. */
+export interface ITaskEnvironment {
+  phase: 'preparing' | 'ready' | 'failed';
+  /** the cache key: requirements, interpreter and base environment */
+  key: string;
+  /** ready without building (a cache hit) */
+  cached: boolean;
+  python: string;
+  /** the env's own packages, exactly (name==version, as uv pip freeze) */
+  packages: string[];
+  /** requirements the worker's own packages satisfied (layered envs) */
+  from_worker: string[];
+  started_at: string;
+  ended_at: string | null;
+  error: string | null;
 }
 
 /** A running task's process tree at a heartbeat. */
@@ -322,6 +374,12 @@ export interface ITelemetrySample {
   tasks: ITaskSample[];
 }
 
+/** A wheel shipped with the job (uploaded to ``blobs``), installed into its env. */
+export interface IWheel {
+  filename: string;
+  sha256: string;
+}
+
 /** A registered worker as users see it. */
 export interface IWorker {
   id: string;
@@ -346,6 +404,8 @@ export interface IWorker {
   gpus: IGpuSample[];
   /** the latest per-task readings */
   tasks: ITaskSample[];
+  /** the envs it keeps (docs/environments.md) */
+  envs: ICachedEnv[];
 }
 
 /** Whether a job fits one worker now, and if not, why. */

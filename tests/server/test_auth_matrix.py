@@ -336,6 +336,12 @@ MATRIX: dict[type, dict[str, Case]] = {
     W.BlobHandler: {
         "get": Case(lambda c, f: ("blobs", c.bundle), {"admin": 200, "worker": 200}),
     },
+    W.TaskEnvironmentHandler: {
+        "post": Case(lambda c, f: ("tasks", c.task_id, "environment"),
+                     {"admin": 200, "worker": 200},
+                     body=lambda c, f: {"phase": "preparing", "key": "ab" * 16,
+                                        "started_at": "2026-01-01T00:00:00Z"}),
+    },
     jobs.JobPlacementHandler: {"get": Case(lambda c, f: (*JOB(c, f), "placement"), _read())},
     WK.WorkerDrainHandler: {
         # `resume` on the matrix's own worker: it must keep taking the matrix's tasks.

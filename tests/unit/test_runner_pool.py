@@ -7,6 +7,7 @@ import psutil
 
 from gpulayer import contracts as c
 from gpulayer import payload
+from gpulayer.worker.environments import EnvRef
 from gpulayer.worker.functions import FunctionRun, RunnerPool, key_for
 
 from ..support import until_async
@@ -160,9 +161,11 @@ def test_a_raised_exception_is_not_retried_by_default(tmp_path):
     assert outcome.reason == "raised ZeroDivisionError: division by zero"
 
 
-def test_pool_key_includes_the_owner_and_the_job_env():
+def test_pool_key_includes_the_owner_the_job_env_and_the_python_env():
     a, _ = _assignment(lambda: 1, gpus=(0,), env={"B": "2", "A": "1"}, owner="ada")
-    assert key_for(a) == ("ada", (0,), (("A", "1"), ("B", "2")))
+    assert key_for(a) == ("ada", (0,), (("A", "1"), ("B", "2")), None)
+    ref = EnvRef("k" * 32, "/envs/" + "k" * 32, isolated=False)
+    assert key_for(a, ref)[3] == ref and key_for(a, ref) != key_for(a)
 
 
 def test_a_fresh_runner_is_claimed_by_its_first_owner_and_never_serves_another(tmp_path):

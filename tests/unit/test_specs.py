@@ -17,7 +17,9 @@ def test_the_resource_options_are_the_fields_of_the_resources_model() -> None:
     fields = set(contracts.JobSpec.model_fields)
     assert set(specs.JOB_OPTIONS) | set(specs.GANG_OPTIONS) <= fields
     keys = set(specs.JobOptions.__annotations__)
-    assert keys == {*specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS}
+    assert keys == {
+        *specs.RESOURCE_OPTIONS, *specs.JOB_OPTIONS, *specs.GANG_OPTIONS, *specs.ENV_OPTIONS
+    }  # fmt: skip
 
 
 def test_every_front_end_takes_the_same_resource_options() -> None:
