@@ -20,6 +20,7 @@ from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 
 from .artifacts import BlobStore
 from .auth import TokenService
+from .channels import Channels
 from .core import Core, Quotas, Settings
 from .jobs import Jobs
 from .leases import Leases
@@ -82,6 +83,7 @@ class ControlPlane:
         self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
         self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
         self.retention = Retention(core, retention)
+        self.channels = Channels()  # the open live channels (WebSockets), by token
 
     async def start(self) -> None:
         """Recover after a (re)start, then place what waits."""

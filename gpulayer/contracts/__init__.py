@@ -15,7 +15,8 @@ The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
 :mod:`~gpulayer.contracts.placement`, :mod:`~gpulayer.contracts.sessions`,
 :mod:`~gpulayer.contracts.storage` (garbage collection),
 :mod:`~gpulayer.contracts.tokens` and :mod:`~gpulayer.contracts.server` (health,
-errors); :mod:`~gpulayer.contracts.base` holds what they share.
+errors); :mod:`~gpulayer.contracts.base` holds what they share;
+:mod:`~gpulayer.contracts.channel` the frames of the live channel (WebSocket).
 
 The routes (all under :data:`API_PREFIX`) and which model each takes and answers
 are listed once, in ``docs/api.md``; ``tests/server/test_route_table.py`` fails
@@ -37,6 +38,18 @@ from .base import (
     format_duration,
     parse_duration,
     plain_text,
+)
+from .channel import (
+    CLIENT_CALLS,
+    CLIENT_CHANNEL_PATH,
+    CLOSE_GOING_AWAY,
+    CLOSE_RESYNC,
+    CLOSE_UNAUTHORIZED,
+    WORKER_CALLS,
+    WORKER_CHANNEL_PATH,
+    ChannelAnswer,
+    ChannelCall,
+    ChannelPush,
 )
 from .jobs import (
     TERMINAL_STATES,
@@ -97,6 +110,11 @@ from .workers import (
 __all__ = [
     "API_PREFIX",
     "API_VERSION",
+    "CLIENT_CALLS",
+    "CLIENT_CHANNEL_PATH",
+    "CLOSE_GOING_AWAY",
+    "CLOSE_RESYNC",
+    "CLOSE_UNAUTHORIZED",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_LEASE_SECONDS",
     "FRAGMENT",
@@ -104,6 +122,8 @@ __all__ = [
     "PROFILES",
     "STORED",
     "TERMINAL_STATES",
+    "WORKER_CALLS",
+    "WORKER_CHANNEL_PATH",
     "Accelerator",
     "Acquired",
     "Artifact",
@@ -113,6 +133,9 @@ __all__ = [
     "BaseModel",
     "BlobRef",
     "CellSpec",
+    "ChannelAnswer",
+    "ChannelCall",
+    "ChannelPush",
     "CreateSession",
     "CreateToken",
     "CreatedToken",
