@@ -104,6 +104,11 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                       help="give up when the first registration gets no answer in S seconds"
                            " (0: keep trying; later outages are always waited out)")  # fmt: skip
     join.add_argument("--task-user", metavar="NAME", help=TASK_USER_HELP)
+    join.add_argument("--channel", choices=contracts.CHANNEL_MODES,
+                      default=os.environ.get(contracts.CHANNEL_ENV, "").strip().lower() or "auto",
+                      help="auto: take assignments over a live channel (WebSocket), HTTP long"
+                           " polls when it cannot be opened; http: long polls only"
+                           f" (default: ${contracts.CHANNEL_ENV}, else auto)")  # fmt: skip
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster",
@@ -280,7 +285,7 @@ def _join(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
         warm_runners=args.warm_runners, runner_max_calls=args.runner_max_calls,
         address=args.address, insecure=args.insecure, task_user=args.task_user,
-        first_registration_seconds=args.register_timeout,
+        first_registration_seconds=args.register_timeout, channel=args.channel,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

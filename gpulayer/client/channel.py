@@ -17,6 +17,7 @@ its ``id``; callers in several threads may share one channel. Library:
 
 import itertools
 import logging
+import socket
 import ssl
 import threading
 from concurrent.futures import Future
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 #: Keepalive: a ping this often, and a channel whose pong does not come this long after is dead.
 PING_SECONDS = 20.0
-#: What ``GPULAYER_CHANNEL`` may say: ``auto`` (a WebSocket, else HTTP) or ``http``.
-MODES = ("auto", "http")
-CHANNEL_ENV = "GPULAYER_CHANNEL"
 
 
 class ChannelUnavailable(Exception):
@@ -89,6 +87,8 @@ class Channel:
             raise ChannelUnavailable(f"upgrade refused (HTTP {e.response.status_code})") from e
         except (OSError, InvalidHandshake, TimeoutError) as e:
             raise ChannelUnavailable(f"{type(e).__name__}: {e}") from e
+        # Small frames go out at once: Nagle's wait for an ACK costs ~40 ms a call.
+        ws.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(ws)
 
     @property

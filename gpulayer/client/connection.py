@@ -55,7 +55,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls, transfer
 from gpulayer.client import artifacts, config, pending
-from gpulayer.client.channel import CHANNEL_ENV, MODES, Channel, ChannelClosed, ChannelUnavailable
+from gpulayer.client.channel import Channel, ChannelClosed, ChannelUnavailable
 from gpulayer.client.specs import pydantic_to_gpulayer
 
 log = logging.getLogger(__name__)
@@ -791,11 +791,13 @@ def channel_mode(value: str | None = None) -> str:
     ConfigError
         For another value.
     """
-    raw = value if value is not None else os.environ.get(CHANNEL_ENV, "").strip() or "auto"
+    env = contracts.CHANNEL_ENV
+    raw = value if value is not None else os.environ.get(env, "").strip() or "auto"
     mode = raw.lower()
-    if mode not in MODES:
-        where = "channel" if value is not None else CHANNEL_ENV
-        raise errors.ConfigError(f"{where} must be one of {', '.join(MODES)}, not {raw!r}")
+    if mode not in contracts.CHANNEL_MODES:
+        where = "channel" if value is not None else env
+        modes = ", ".join(contracts.CHANNEL_MODES)
+        raise errors.ConfigError(f"{where} must be one of {modes}, not {raw!r}")
     return mode
 
 

@@ -40,6 +40,8 @@ from .base import (
     plain_text,
 )
 from .channel import (
+    CHANNEL_ENV,
+    CHANNEL_MODES,
     CLIENT_CALLS,
     CLIENT_CHANNEL_PATH,
     CLOSE_GOING_AWAY,
@@ -110,6 +112,8 @@ from .workers import (
 __all__ = [
     "API_PREFIX",
     "API_VERSION",
+    "CHANNEL_ENV",
+    "CHANNEL_MODES",
     "CLIENT_CALLS",
     "CLIENT_CHANNEL_PATH",
     "CLOSE_GOING_AWAY",

@@ -34,6 +34,12 @@ CLOSE_RESYNC = 4408
 #: Close code: the control plane is stopping.
 CLOSE_GOING_AWAY = 1001
 
+#: Whether a client or worker opens the channel: ``auto`` (a WebSocket, else HTTP long
+#: polls) or ``http`` (long polls only); set by this environment variable, or
+#: ``Connection(channel=...)`` and ``gpulayer join --channel``.
+CHANNEL_MODES = ("auto", "http")
+CHANNEL_ENV = "GPULAYER_CHANNEL"
+
 Method = Literal["GET", "POST"]
 _Path = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 

@@ -141,6 +141,7 @@ class ChannelHandler(WebSocketHandler):
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
         """Register the channel and watch its token."""
+        self.set_nodelay(True)  # small frames go out at once (no Nagle wait for an ACK)
         self._calls: set[asyncio.Task[None]] = set()
         self._loops: set[asyncio.Task[None]] = set()  # the token guard, a worker's pushes
         self._unsent = 0
