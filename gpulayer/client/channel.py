@@ -15,6 +15,7 @@ its ``id``; callers in several threads may share one channel. Library:
 ``websockets``' sync client (docs/adr/0111).
 """
 
+import contextlib
 import itertools
 import logging
 import socket
@@ -89,7 +90,9 @@ class Channel:
             raise ChannelUnavailable(f"{type(e).__name__}: {e}") from e
         # Small frames go out at once: Nagle's wait for an ACK costs ~40 ms a call.
         ws.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(ws)
+        # Held as a context (websockets >= 17.1 warns about a bare connection); the
+        # reader thread's end or close() leaves it.
+        return cls(contextlib.ExitStack().enter_context(ws))
 
     @property
     def closed(self) -> bool:
