@@ -17,6 +17,10 @@ burst
     ``ray.get([f.remote(x) ...])``, ipyparallel ``view.map_sync``, Dask
     ``client.gather(client.map(...))``; reported as calls per second.
 
+gpulayer runs twice: over the live channel (the default, docs/channel.md) and
+over the HTTP long-poll fallback (``gpulayer-http``: ``GPULAYER_CHANNEL=http`` for
+the client and the workers).
+
 It prints a table and writes ``benchmarks/results/functions.json`` and ``.md``;
 ratios against Ray are computed from the same run. Peers come from the
 ``bench`` extra (``pip install -e ".[bench]"``); a peer that is not installed
@@ -39,7 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SYSTEMS = ("gpulayer", "ray", "ipyparallel", "dask")
+SYSTEMS = ("gpulayer", "gpulayer-http", "ray", "ipyparallel", "dask")
 
 
 def plus_one(x: int) -> int:
@@ -100,9 +104,16 @@ def bench_gpulayer(args: argparse.Namespace) -> dict[str, Any]:
             startup = time.perf_counter() - t
             rt = _round_trips(f.run, args.calls, args.warmup)
             burst = _burst(lambda xs: list(f.map(xs, progress=False)), args.burst)
+            channel = conn.channel_open
         finally:
             cluster.stop()
-    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": gl.__version__}
+    return {"startup_s": startup, "round_trip": rt, "burst": burst, "version": gl.__version__,
+            "channel": channel}  # fmt: skip
+
+
+def bench_gpulayer_http(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ["GPULAYER_CHANNEL"] = "http"  # this client and the workers it starts
+    return bench_gpulayer(args)
 
 
 def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
@@ -205,13 +216,14 @@ caller is waiting for. `.map` already leads because chunks amortise all of it.
 
 
 def _child(args: argparse.Namespace) -> None:
-    result = globals()[f"bench_{args.system}"](args)
+    result = globals()[f"bench_{args.system.replace('-', '_')}"](args)
     print("RESULT " + json.dumps(result), flush=True)
 
 
 def _run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
-        __import__({"ipyparallel": "ipyparallel", "dask": "distributed"}.get(name, name))
+        modules = {"ipyparallel": "ipyparallel", "dask": "distributed", "gpulayer-http": "gpulayer"}
+        __import__(modules.get(name, name))
     except ImportError:
         return {"skipped": f"{name} is not installed (pip install -e '.[bench]')"}
     argv = [sys.executable, __file__, "--system", name, "--calls", str(args.calls),
