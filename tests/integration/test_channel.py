@@ -182,6 +182,22 @@ def test_an_oversized_frame_closes_only_that_channel(cluster, conn):
     assert conn.health().status == "ok"
 
 
+def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
+    job = gl.submit("sleep 60", connection=conn)
+    try:
+        with _open(cluster, "channel", cluster.admin_token) as ws:
+            held = contracts.WaitAny(ids=[job.id], timeout=30).model_dump_json()
+            for i in range(70):  # 64 may wait at once (channel_max_calls)
+                call = contracts.ChannelCall(id=i, method="POST", path="jobs/wait", body=held)
+                ws.send(call.model_dump_json())
+            refused = [contracts.ChannelAnswer.model_validate_json(ws.recv(timeout=30))
+                       for _ in range(6)]  # fmt: skip
+            assert {a.status for a in refused} == {429}
+            assert {a.id for a in refused} == set(range(64, 70))
+    finally:
+        conn.cancel(job.id)
+
+
 # ------------------------------------------------------------------ resuming
 
 
@@ -303,6 +319,13 @@ def test_with_websockets_blocked_a_worker_and_a_client_fall_back_to_long_polls(
             assert square.run(9) == 81  # assigned by a long poll, answered over HTTP
             assert not conn.channel_open
             assert list(square.map(range(5))) == [0, 1, 4, 9, 16]
+            job = gl.submit("for i in 1 2 3; do echo p $i; sleep 0.05; done",
+                            labels={"only": "proxy"}, connection=conn)  # fmt: skip
+            lines = [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"]
+            assert lines == ["p 1", "p 2", "p 3"]
+            cell = submit_cell(conn, "print(6 * 7)", labels={"only": "proxy"})
+            assert _texts(cell) == ["42\n"]
+            assert not conn.channel_open
         assert gl_proxy.refused >= 2  # the worker's upgrade and the client's were refused
         assert "no live channel (upgrade refused (HTTP 403))" in log_path.read_text()
     finally:
