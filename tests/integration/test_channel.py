@@ -118,7 +118,7 @@ def test_a_worker_receives_its_assignment_pushed_and_completes_over_the_channel(
     got = contracts.Registered.model_validate_json(answer.content)
     try:
         with _open(cluster, f"workers/{got.worker_id}/channel", got.token) as ws:
-            job = gl.submit("true", labels={"only": "pushed"}, connection=conn)
+            job = gl.submit("true", selector={"only": "pushed"}, connection=conn)
             push = contracts.ChannelPush.model_validate_json(ws.recv(timeout=60))
             (assignment,) = push.acquired.assignments
             assert assignment.job_id == job.id
@@ -312,7 +312,7 @@ def test_with_websockets_blocked_a_worker_and_a_client_fall_back_to_long_polls(
                                 for w in conn.workers())  # fmt: skip
             until(ready, 60, "the worker behind the proxy")
 
-            @gl.remote(connection=conn, labels={"only": "proxy"})
+            @gl.remote(connection=conn, selector={"only": "proxy"})
             def square(x):
                 return x * x
 
@@ -320,10 +320,10 @@ def test_with_websockets_blocked_a_worker_and_a_client_fall_back_to_long_polls(
             assert not conn.channel_open
             assert list(square.map(range(5))) == [0, 1, 4, 9, 16]
             job = gl.submit("for i in 1 2 3; do echo p $i; sleep 0.05; done",
-                            labels={"only": "proxy"}, connection=conn)  # fmt: skip
+                            selector={"only": "proxy"}, connection=conn)  # fmt: skip
             lines = [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"]
             assert lines == ["p 1", "p 2", "p 3"]
-            cell = submit_cell(conn, "print(6 * 7)", labels={"only": "proxy"})
+            cell = submit_cell(conn, "print(6 * 7)", selector={"only": "proxy"})
             assert _texts(cell) == ["42\n"]
             assert not conn.channel_open
         assert gl_proxy.refused >= 2  # the worker's upgrade and the client's were refused
