@@ -179,6 +179,11 @@ class GpulayerApp(ExtensionApp):
     channel_max_calls = Int(
         64, help="Calls one live channel may have in flight at once; more are answered 429."
     ).tag(config=True)
+    channel_max_unsent_bytes = Int(
+        64 * 1024 * 1024,
+        help="Answers a live channel's peer has not taken yet, at most; past it the channel"
+        " is closed (4408) and the peer resumes from its offsets.",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -208,6 +213,7 @@ class GpulayerApp(ExtensionApp):
             max_heartbeat_tasks=self.max_heartbeat_tasks,
             channel_ping_seconds=self.channel_ping_seconds,
             channel_max_calls=self.channel_max_calls,
+            channel_max_unsent_bytes=self.channel_max_unsent_bytes,
         )
         self._state = AppState(limits=limits)
         self._background: list[asyncio.Task[None]] = []

@@ -67,6 +67,7 @@ class Limits:
     #: The live channel (docs/channel.md): keepalive ping period, calls in flight.
     channel_ping_seconds: float = 15.0
     channel_max_calls: int = 64
+    channel_max_unsent_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ waits for it): the acquire long poll, held open for as long as the socket is.
 
 Limits: a frame over the route's body limit closes the channel (1009) and
 harms nothing else; at most ``channel_max_calls`` calls in flight (more are
-answered 429); unsent answers past :data:`MAX_UNSENT_BYTES` close it with
+answered 429); unsent answers past ``channel_max_unsent_bytes`` close it with
 ``CLOSE_RESYNC`` (the peer reconnects and resumes from its offsets), so a peer
 that stops reading cannot grow the server's memory. Pings every
 ``channel_ping_seconds`` keep proxies from closing an idle channel and find dead
@@ -48,8 +48,6 @@ from .errors import error_body, status_of
 
 log = logging.getLogger(__name__)
 
-#: Answers written but not yet taken by the peer's socket, per channel, at most.
-MAX_UNSENT_BYTES = 64 * 1024 * 1024
 #: A worker's push loop waits this long after a failure before it acquires again.
 _PUSH_RETRY_SECONDS = 1.0
 
@@ -198,7 +196,9 @@ class ChannelHandler(WebSocketHandler):
         if conn is None or conn.is_closing():
             return
         size = len(text)
-        if self._unsent + size > MAX_UNSENT_BYTES:
+        # One answer, however large, goes (its route bounds it); answers piling up
+        # behind one the peer has not taken do not.
+        if self._unsent and self._unsent + size > self.limits.channel_max_unsent_bytes:
             self.close(CLOSE_RESYNC, "too much unsent: reconnect and resume from your offsets")
             return
         self._unsent += size

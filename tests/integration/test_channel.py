@@ -198,6 +198,30 @@ def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
         conn.cancel(job.id)
 
 
+def test_a_peer_that_stops_reading_is_closed_for_a_resync(fresh_cluster):
+    c = fresh_cluster(
+        workers=1, slots=1, server_args=["--GpulayerApp.channel_max_unsent_bytes=200000"]
+    )
+    with c.connection() as conn:
+        job = gl.submit("python -c \"[print('y' * 100) for _ in range(3000)]\"", connection=conn)
+        assert conn.wait(job.id, timeout=120).state == "succeeded"
+        with _open(c, "channel", c.admin_token, max_size=None) as ws:
+            for i in range(40):  # ~360 kB an answer, none read until all are asked
+                call = contracts.ChannelCall(id=i, method="GET", path=f"jobs/{job.id}/logs",
+                                             query={"limit": "3000"})  # fmt: skip
+                ws.send(call.model_dump_json())
+            answered = 0
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=60)
+                    answered += 1
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == contracts.CLOSE_RESYNC
+        assert answered < 40
+        # The follower resumes from its offset: every line once.
+        lines = [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"]
+        assert lines == ["y" * 100] * 3000
+
+
 # ------------------------------------------------------------------ resuming
 
 
