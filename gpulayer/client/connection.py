@@ -133,6 +133,7 @@ class Connection:
             raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
         if transport is None:  # a transport of the caller's (a test double) is not the network
             tls.refuse_clear_text(url, insecure, "pass insecure=True (--insecure)")
+        mode = "http" if transport is not None else channel_mode(channel)
         self.reconnect_seconds = config.reconnect_seconds(reconnect_seconds)
         self._reached = False  # set by the first answer: only then are outages ridden
         verify = tls.verify_for(url, fingerprint)
@@ -146,7 +147,7 @@ class Connection:
             follow_redirects=False,
         )
         self._token, self._verify = token, verify
-        self._channel_mode = "http" if transport is not None else channel_mode(channel)
+        self._channel_mode = mode
         self._channel: Channel | None = None
         self._channel_retry_at = 0.0
         self._channel_lock = threading.Lock()
