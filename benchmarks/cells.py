@@ -13,7 +13,9 @@ gpulayer, warm session
     A ``LocalCluster`` (control plane + one worker) and a session started
     before measuring; each sample is :func:`gpulayer.client.cells.submit` on the
     session, following its relayed messages until the kernel's reply: the path
-    ``%%gpulayer --session`` takes, minus IPython rendering.
+    ``%%gpulayer --session`` takes, minus IPython rendering. Twice: over the live
+    channel (the default, docs/channel.md) and over the HTTP long-poll fallback
+    (``GPULAYER_CHANNEL=http`` for the client and the worker).
 
 Two measures per way, after warm-up:
 
@@ -144,8 +146,10 @@ def ipyparallel_engine(samples: int) -> dict[str, Any]:
         cluster.stop_cluster_sync()
 
 
-def gpulayer_session(samples: int, data_dir: Path) -> dict[str, Any]:
-    """gpulayer: cells in a warm session on a local worker."""
+def gpulayer_session(samples: int, data_dir: Path, channel: str = "auto") -> dict[str, Any]:
+    """gpulayer: cells in a warm session on a local worker, over the live channel
+    (``auto``) or HTTP long polls (``http``)."""
+    os.environ["GPULAYER_CHANNEL"] = channel  # the worker (a child) and this client
     with LocalCluster(data_dir, workers=1, slots=2) as cluster, cluster.connection() as conn:
         cells.ensure_session(conn, "bench")
         deadline = time.monotonic() + 60
@@ -210,7 +214,8 @@ def render(result: dict[str, Any]) -> str:
            "| way | round trip p50 | p90 | p99 | first output p50 | p90 | p99 |",
            "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, label in (("local", "local ipykernel (floor)"), ("ipyparallel", "ipyparallel engine"),
-                        ("gpulayer", "gpulayer warm session")):  # fmt: skip
+                        ("gpulayer", "gpulayer warm session (channel)"),
+                        ("gpulayer-http", "gpulayer warm session (HTTP fallback)")):  # fmt: skip
         r = result["ways"].get(name)
         if r is None:
             continue
@@ -218,11 +223,11 @@ def render(result: dict[str, Any]) -> str:
         out.append(f"| {label} | {t['p50']} ms | {t['p90']} | {t['p99']} | {f['p50']} ms"
                    f" | {f['p90']} | {f['p99']} |")  # fmt: skip
     ways = result["ways"]
-    if "gpulayer" in ways and "ipyparallel" in ways:
-        ratio = (
-            ways["gpulayer"]["round_trip_ms"]["p50"] / ways["ipyparallel"]["round_trip_ms"]["p50"]
-        )
-        out += ["", f"gpulayer / ipyparallel round trip (p50): {ratio:.2f}x"]
+    out.append("")
+    for name in ("gpulayer", "gpulayer-http"):
+        if name in ways and "ipyparallel" in ways:
+            ratio = ways[name]["round_trip_ms"]["p50"] / ways["ipyparallel"]["round_trip_ms"]["p50"]
+            out.append(f"{name} / ipyparallel round trip (p50): {ratio:.2f}x")
     return "\n".join(out)
 
 
@@ -231,10 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=50)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--only", choices=["local", "ipyparallel", "gpulayer"], action="append")
+    p.add_argument(
+        "--only", choices=["local", "ipyparallel", "gpulayer", "gpulayer-http"], action="append"
+    )
     args = p.parse_args(argv)
     ways: dict[str, Any] = {}
-    todo = args.only or ["local", "ipyparallel", "gpulayer"]
+    todo = args.only or ["local", "ipyparallel", "gpulayer", "gpulayer-http"]
     with tempfile.TemporaryDirectory(prefix="gpulayer-bench-") as tmp:
         for name in todo:
             print(f"... {name}", file=sys.stderr, flush=True)
@@ -243,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif name == "ipyparallel":
                 ways[name] = ipyparallel_engine(args.samples)
             else:
-                ways[name] = gpulayer_session(args.samples, Path(tmp) / "cluster")
+                channel = "http" if name == "gpulayer-http" else "auto"
+                ways[name] = gpulayer_session(args.samples, Path(tmp) / name, channel)
     result = {"machine": machine(), "samples": args.samples, "ways": ways}
     print(render(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

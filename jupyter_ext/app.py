@@ -34,6 +34,7 @@ from gpulayer.contracts import (
 
 from . import api, data_dir, prometheus
 from .api.base import AppState, GpulayerAPIHandler, Limits, Running
+from .api.channel import ChannelHandler
 from .artifacts import BlobStore
 from .auth import LoginLimiter, TokenService
 from .control_plane import ControlPlane
@@ -57,6 +58,11 @@ ANONYMOUS_OWNER_FILE = "jupyter-owner"
 def routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
     """Every route the extension mounts (paths relative to the API prefix)."""
     return api.ROUTES
+
+
+def channel_routes() -> list[tuple[str, type[ChannelHandler]]]:
+    """The live channel's WebSocket routes (paths relative to the API prefix)."""
+    return api.CHANNEL_ROUTES
 
 
 def outer_routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
@@ -188,6 +194,19 @@ class GpulayerApp(ExtensionApp):
     autoscale_seconds = Float(
         1.0, help="How often the autoscaler follows instances and the queue."
     ).tag(config=True)
+    channel_ping_seconds = Float(
+        15.0,
+        help="Keepalive ping period of the live channels (WebSockets) of clients and"
+        " workers; a peer that does not answer is dropped (0: no pings).",
+    ).tag(config=True)
+    channel_max_calls = Int(
+        64, help="Calls one live channel may have in flight at once; more are answered 429."
+    ).tag(config=True)
+    channel_max_unsent_bytes = Int(
+        64 * 1024 * 1024,
+        help="Answers a live channel's peer has not taken yet, at most; past it the channel"
+        " is closed (4408) and the peer resumes from its offsets.",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -215,6 +234,9 @@ class GpulayerApp(ExtensionApp):
             max_batch_bytes=self.max_batch_bytes,
             max_heartbeat_devices=self.max_heartbeat_devices,
             max_heartbeat_tasks=self.max_heartbeat_tasks,
+            channel_ping_seconds=self.channel_ping_seconds,
+            channel_max_calls=self.channel_max_calls,
+            channel_max_unsent_bytes=self.channel_max_unsent_bytes,
         )
         self._state = AppState(limits=limits)
         self._provider_configs = self._checked_providers()
@@ -277,6 +299,8 @@ class GpulayerApp(ExtensionApp):
         prefix = API_PREFIX.lstrip("/")
         for path, handler in routes():
             self.handlers.append((rf"/{prefix}/{path}/?", handler))
+        for path, channel in channel_routes():
+            self.handlers.append((rf"/{prefix}/{path}/?", channel))
         for path, handler in outer_routes():
             self.handlers.append((rf"/{self.name}/{path}/?", handler))
 
@@ -363,8 +387,12 @@ class GpulayerApp(ExtensionApp):
     def current_activity(self) -> dict[str, Any] | None:
         """Report open long polls so idle culling leaves a busy control plane alone."""
         running = self._state.running
-        n = running.plane.notifier.waiting() if running is not None else 0
-        return {"gpulayer_waiters": n} if n else None
+        if running is None:
+            return None
+        n = running.plane.notifier.waiting()
+        channels = running.plane.channels.count()
+        busy = {"gpulayer_waiters": n, "gpulayer_channels": channels}
+        return {k: v for k, v in busy.items() if v} or None
 
     async def stop_extension(self) -> None:
         """Cancel background work and close the store."""
@@ -378,6 +406,7 @@ class GpulayerApp(ExtensionApp):
         if running is not None:
             for provider in running.plane.instances.providers.values():
                 await provider.close()  # instances keep running: a restart adopts them
+            running.plane.channels.close_all("the control plane is stopping")
             await running.plane.store.close()
             self._state.running = None
         self._data_lock.close()  # the next control plane on this data dir may start

@@ -24,6 +24,7 @@ from gpulayer.contracts import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
 from .artifacts import BlobStore
 from .auth import TokenService
 from .autoscaler import Autoscaler
+from .channels import Channels
 from .core import Core, Quotas, Settings
 from .instances import Endpoint, Instances
 from .jobs import Jobs
@@ -102,6 +103,7 @@ class ControlPlane:
         self.autoscaler = Autoscaler(core, self.instances, core.board)
         if providers:
             self.placer.on_queued = self.autoscaler.wake
+        self.channels = Channels()  # the open live channels (WebSockets), by token
 
     async def start(self) -> None:
         """Recover after a (re)start, then place what waits."""

@@ -191,7 +191,10 @@ class Jobs:
                 self._sessions.submitted(job_id, spec, owner)
         log.info("%d job(s) queued, first %s", len(ids), ids[0])
         try:
-            await self._placer.schedule()
+            if all(s.in_session for s in specs):
+                await self._placer.schedule_cells()  # a warm session has its worker already
+            else:
+                await self._placer.schedule()
         except Exception:  # the jobs are stored and queued; the next pass places them
             log.exception("placement after submitting %s failed", ids[0])
         if len(ids) == 1:

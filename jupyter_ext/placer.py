@@ -102,6 +102,21 @@ class Placer:
             self.on_queued()
         return len(p.placed)
 
+    async def schedule_cells(self) -> int:
+        """Place only the waiting cells of running sessions (a warm session's cell
+        already has its worker, slot and GPUs): no pass over the queue. Returns how
+        many were placed (or cancelled, their session gone)."""
+        core = self._core
+        async with core.lock:
+            stmts, cells = await self._sessions.place_cells(core.clock())
+            if stmts:
+                await core.store.apply(stmts)
+        for job_id, worker_id in cells:
+            if worker_id:
+                core.notify_worker(worker_id)
+            core.notify_job(job_id)
+        return len(cells)
+
     async def _consider(self, p: _Pass, job: JobRecord) -> None:
         """Place ``job`` in pass ``p`` if it fits; an aged job that does not fit
         reserves the workers that could ever run it."""

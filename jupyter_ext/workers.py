@@ -276,6 +276,12 @@ class Workers:
 
     # ------------------------------------------------------------- acquire
 
+    async def check_channel(self, worker_id: str, reporter: Principal | None) -> None:
+        """Refuse a worker's channel before its upgrade: another worker's token (403),
+        an unknown worker (404: it registers again)."""
+        access.own_worker(reporter, worker_id)
+        await self._core.fleet.get(worker_id)
+
     async def acquire(
         self, worker_id: str, wait: float, reporter: Principal | None = None
     ) -> Acquired | None:

@@ -130,6 +130,11 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                       default=os.environ.get("GPULAYER_ENV_INSTALLER") or None,
                       help="what builds job environments (default: uv; pip when uv"
                            " is missing)")  # fmt: skip
+    join.add_argument("--channel", choices=contracts.CHANNEL_MODES,
+                      default=os.environ.get(contracts.CHANNEL_ENV, "").strip().lower() or "auto",
+                      help="auto: take assignments over a live channel (WebSocket), HTTP long"
+                           " polls when it cannot be opened; http: long polls only"
+                           f" (default: ${contracts.CHANNEL_ENV}, else auto)")  # fmt: skip
     join.set_defaults(func=_join)
 
     sub.add_parser("demo", help="a tour on a throw-away local cluster",
@@ -342,6 +347,7 @@ def _join(args: argparse.Namespace) -> int:
         insecure=args.insecure, task_user=args.task_user,
         first_registration_seconds=args.register_timeout, env_cache=args.env_cache,
         env_cache_bytes=_byte_size(args.env_cache_size), env_installer=args.env_installer,
+        channel=args.channel,
     )  # fmt: skip
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

@@ -21,6 +21,16 @@ control plane stored before it went away answers the same job (docs/adr/0085).
 A connection that never reached its control plane (every connect refused or
 timed out) fails at once: a wrong URL says so without a two-minute wait.
 
+The live channel (docs/channel.md): the routes
+:data:`gpulayer.contracts.CLIENT_CALLS` lists (submits, waits, log follows, job
+reads, cancels) travel over one WebSocket (:mod:`gpulayer.client.channel`), opened
+at the first of them with the same token and TLS pin; their answers are the HTTP
+route's, mapped by the same code. When the upgrade fails the connection uses
+HTTP, and tries the channel again after :data:`CHANNEL_RETRY_SECONDS`;
+``channel="http"`` (or ``GPULAYER_CHANNEL=http``) never opens one. A channel that
+drops under a call is an outage like any other: a call that may be repeated goes
+again (over HTTP at once), so a log follow resumes from its offset.
+
 (:class:`~gpulayer.client.jobs.Job` is the handle users hold;
 :mod:`gpulayer.client.default` keeps the process's default connection.)
 """
@@ -29,6 +39,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -43,6 +55,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from gpulayer import contracts, errors, tls, transfer
 from gpulayer.client import artifacts, config, pending
+from gpulayer.client.channel import Channel, ChannelClosed, ChannelUnavailable
 from gpulayer.client.specs import pydantic_to_gpulayer
 
 log = logging.getLogger(__name__)
@@ -57,6 +70,10 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
 _BACKOFF_FIRST_SECONDS = 0.2
 _BACKOFF_MAX_SECONDS = 2.0
+#: After a refused or failed upgrade, HTTP only for this long, then the channel again.
+CHANNEL_RETRY_SECONDS = 30.0
+#: The routes the channel carries, compiled once.
+_CHANNEL_ROUTES = [(m, re.compile(p)) for m, p in contracts.CLIENT_CALLS]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -88,6 +105,10 @@ class Connection:
         How long waits, log follows and submits keep retrying while the control
         plane cannot be reached (a restart); default ``GPULAYER_RECONNECT_SECONDS``
         or 120. 0 turns it off.
+    channel
+        ``"auto"`` (default: ``GPULAYER_CHANNEL``, else ``auto``): submits, waits and
+        log follows over the live channel (a WebSocket), HTTP when it cannot be
+        opened; ``"http"``: HTTP only. A ``transport`` means HTTP only.
 
     Raises
     ------
@@ -106,11 +127,13 @@ class Connection:
         fingerprint: str | None = None,
         insecure: bool = False,
         reconnect_seconds: float | None = None,
+        channel: str | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise errors.ConfigError(f"{url!r} is not an http:// or https:// URL")
         if transport is None:  # a transport of the caller's (a test double) is not the network
             tls.refuse_clear_text(url, insecure, "pass insecure=True (--insecure)")
+        mode = "http" if transport is not None else channel_mode(channel)
         self.reconnect_seconds = config.reconnect_seconds(reconnect_seconds)
         self._reached = False  # set by the first answer: only then are outages ridden
         verify = tls.verify_for(url, fingerprint)
@@ -123,6 +146,11 @@ class Connection:
             headers={"Authorization": f"Bearer {token}"},
             follow_redirects=False,
         )
+        self._token, self._verify = token, verify
+        self._channel_mode = mode
+        self._channel: Channel | None = None
+        self._channel_retry_at = 0.0
+        self._channel_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<gpulayer.Connection {self.url}>"
@@ -145,8 +173,18 @@ class Connection:
         self.close()
 
     def close(self) -> None:
-        """Close the underlying HTTP connections."""
+        """Close the underlying HTTP connections and the channel."""
+        with self._channel_lock:
+            ch, self._channel = self._channel, None
+        if ch is not None:
+            ch.close()
         self._client.close()
+
+    @property
+    def channel_open(self) -> bool:
+        """Whether calls travel over an open live channel now (else HTTP)."""
+        ch = self._channel
+        return ch is not None and not ch.closed
 
     # ----------------------------------------------------------- plumbing
 
@@ -179,7 +217,7 @@ class Connection:
         delay = _BACKOFF_FIRST_SECONDS
         while True:
             try:
-                resp = self._send(method, url, params, content, sent)
+                resp = self._send(method, url, params, content, sent, retry=retry)
             except errors.CertificateMismatch:
                 raise
             except errors.ConnectionFailed as e:
@@ -224,15 +262,91 @@ class Connection:
         params: Mapping[str, str | int | float] | None,
         content: bytes | Iterable[bytes] | None,
         headers: Mapping[str, str],
+        *,
+        retry: bool = False,
     ) -> httpx.Response:
-        """One HTTP exchange; a transport failure is :class:`ConnectionFailed` (or
-        :class:`CertificateMismatch`)."""
+        """One exchange, over the channel when it carries the route, else HTTP; a
+        transport failure is :class:`ConnectionFailed` (or :class:`CertificateMismatch`).
+
+        A channel that drops under a call that may be repeated (``retry``) sends it
+        again over HTTP at once; any other such call raises :class:`ConnectionFailed`.
+        """
+        channel = self._channel_for(method, url, content)
+        if channel is not None:
+            assert content is None or isinstance(content, bytes)
+            try:
+                return self._over(channel, method, url, params, content, headers)
+            except ChannelClosed as e:
+                if not retry:
+                    raise errors.ConnectionFailed(
+                        f"the channel to {self.url} closed during {method} {url}: {e}",
+                        method=method,
+                        url=url,
+                    ) from e
         try:
             return self._client.request(
                 method, url, params=params, content=content, headers=headers
             )
         except httpx.TransportError as e:
             raise self._unreachable(e, method, url) from e
+
+    def _channel_for(
+        self, method: str, url: str, content: bytes | Iterable[bytes] | None
+    ) -> Channel | None:
+        """The open channel when it carries ``method url`` (opened now if need be)."""
+        if self._channel_mode == "http" or not (content is None or isinstance(content, bytes)):
+            return None
+        path = url.removeprefix(self._api)
+        if not any(m == method and p.fullmatch(path) for m, p in _CHANNEL_ROUTES):
+            return None
+        ch = self._channel
+        if ch is not None and not ch.closed:
+            return ch
+        with self._channel_lock:
+            if self._channel is not None and not self._channel.closed:
+                return self._channel
+            if time.monotonic() < self._channel_retry_at:
+                return None
+            try:
+                self._channel = Channel.open(
+                    self._api, self._token, tls=self._verify, timeout=self._timeout("connect")
+                )
+            except ChannelUnavailable as e:
+                self._channel = None
+                self._channel_retry_at = time.monotonic() + CHANNEL_RETRY_SECONDS
+                log.info("gpulayer: no live channel to %s (%s); using HTTP", self.url, e)
+            return self._channel
+
+    def _over(
+        self,
+        channel: Channel,
+        method: str,
+        url: str,
+        params: Mapping[str, str | int | float] | None,
+        content: bytes | None,
+        headers: Mapping[str, str],
+    ) -> httpx.Response:
+        """One exchange over the channel, answered as the HTTP route answers."""
+        call = contracts.ChannelCall(
+            id=0,
+            method="GET" if method == "GET" else "POST",
+            path=url.removeprefix(self._api),
+            query={k: str(v) for k, v in (params or {}).items()},
+            idempotency_key=headers.get(IDEMPOTENCY_HEADER),
+            body=content.decode() if content else None,
+        )
+        answer = channel.call(call, self._timeout("read"))
+        return httpx.Response(
+            answer.status,
+            content=answer.body.encode(),
+            headers={"Content-Type": "application/json"} if answer.body else None,
+            request=httpx.Request(method, url, params=params),
+        )
+
+    def _timeout(self, which: str) -> float:
+        """The client's ``connect`` or ``read`` timeout in seconds (45 s when unset)."""
+        value = getattr(self._client.timeout, which)
+        return float(value) if value is not None else 45.0
 
     @contextlib.contextmanager
     def _streamed(self, method: str, path: str) -> Iterator[httpx.Response]:
@@ -717,6 +831,25 @@ class Connection:
         """``POST instances/{id}/terminate`` (admin): end a provider instance now."""
         resp = self._request("POST", f"instances/{_seg(instance_id)}/terminate")
         return self._parse(resp, contracts.Instance)
+
+
+def channel_mode(value: str | None = None) -> str:
+    """Whether to open the live channel: ``value``, else ``$GPULAYER_CHANNEL``, else
+    ``auto`` (``http``: never).
+
+    Raises
+    ------
+    ConfigError
+        For another value.
+    """
+    env = contracts.CHANNEL_ENV
+    raw = value if value is not None else os.environ.get(env, "").strip() or "auto"
+    mode = raw.lower()
+    if mode not in contracts.CHANNEL_MODES:
+        where = "channel" if value is not None else env
+        modes = ", ".join(contracts.CHANNEL_MODES)
+        raise errors.ConfigError(f"{where} must be one of {modes}, not {raw!r}")
+    return mode
 
 
 def new_idempotency_key() -> str:

@@ -18,7 +18,8 @@ The modules are split by noun: :mod:`~gpulayer.contracts.jobs` (and
 :mod:`~gpulayer.contracts.tokens`, :mod:`~gpulayer.contracts.secrets`,
 :mod:`~gpulayer.contracts.providers` (providers, offers, instances and their
 configuration) and :mod:`~gpulayer.contracts.server` (health, errors);
-:mod:`~gpulayer.contracts.base` holds what they share.
+:mod:`~gpulayer.contracts.base` holds what they share;
+:mod:`~gpulayer.contracts.channel` the frames of the live channel (WebSocket).
 
 The routes (all under :data:`API_PREFIX`) and which model each takes and answers
 are listed once, in ``docs/api.md``; ``tests/server/test_route_table.py`` fails
@@ -40,6 +41,20 @@ from .base import (
     format_duration,
     parse_duration,
     plain_text,
+)
+from .channel import (
+    CHANNEL_ENV,
+    CHANNEL_MODES,
+    CLIENT_CALLS,
+    CLIENT_CHANNEL_PATH,
+    CLOSE_GOING_AWAY,
+    CLOSE_RESYNC,
+    CLOSE_UNAUTHORIZED,
+    WORKER_CALLS,
+    WORKER_CHANNEL_PATH,
+    ChannelAnswer,
+    ChannelCall,
+    ChannelPush,
 )
 from .environments import (
     CachedEnv,
@@ -138,6 +153,13 @@ from .workers import (
 __all__ = [
     "API_PREFIX",
     "API_VERSION",
+    "CHANNEL_ENV",
+    "CHANNEL_MODES",
+    "CLIENT_CALLS",
+    "CLIENT_CHANNEL_PATH",
+    "CLOSE_GOING_AWAY",
+    "CLOSE_RESYNC",
+    "CLOSE_UNAUTHORIZED",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_LEASE_SECONDS",
     "ENDED_INSTANCE_STATES",
@@ -148,6 +170,8 @@ __all__ = [
     "PROFILES",
     "STORED",
     "TERMINAL_STATES",
+    "WORKER_CALLS",
+    "WORKER_CHANNEL_PATH",
     "Accelerator",
     "Acquired",
     "Artifact",
@@ -158,6 +182,9 @@ __all__ = [
     "BlobRef",
     "CachedEnv",
     "CellSpec",
+    "ChannelAnswer",
+    "ChannelCall",
+    "ChannelPush",
     "CreateResultPart",
     "CreateSession",
     "CreateToken",

@@ -6,7 +6,8 @@ assignments, ship logs, upload artifacts and complete tasks. Two loops run side
 by side, plus one pipeline per task::
 
     register ─┬─ heartbeat loop   every heartbeat_seconds; kill_tasks -> abandon
-              ├─ acquire loop     POST acquire?wait=30 -> start assignments, cancel
+              ├─ acquire loop     the live channel (assignments pushed; docs/channel.md),
+              │                   else POST acquire?wait=30 -> start assignments, cancel
               ├─ lease loop       no heartbeat answered for lease - 2 x heartbeat:
               │                   stop every task (reported lost), register again
               └─ task pipeline    prepare dir + bundle -> Run -> flush logs
@@ -43,6 +44,7 @@ from gpulayer import tls
 from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir, tighten
 from gpulayer.worker import devices, network, spawning, task_user
+from gpulayer.worker.channel import ChannelRefused, ChannelUnavailable, WorkerChannel
 from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.environments import DEFAULT_MAX_BYTES, EnvCache, default_root
 from gpulayer.worker.functions import RunnerPool
@@ -58,6 +60,8 @@ from gpulayer.worker.workspace import ControlPlaneAddress, inherited_env, make_t
 log = logging.getLogger(__name__)
 
 _ACQUIRE_WAIT_SECONDS = 30
+#: After a refused upgrade (a proxy that blocks WebSockets), long polls for this long.
+_CHANNEL_REFUSED_RETRY_SECONDS = 60.0
 _SHUTDOWN_DELIVERY_SECONDS = 5.0
 
 
@@ -86,6 +90,8 @@ class AgentConfig:
     env_cache: Path | None = None  # job environments (default: environments.default_root())
     env_cache_bytes: int = DEFAULT_MAX_BYTES  # their size cap (least recently used go first)
     env_installer: str | None = None  # "uv" or "pip" (default: uv when installed)
+    # "auto": the live channel (WebSocket), long polls when it cannot be opened; "http": long polls.
+    channel: str = "auto"
 
 
 class Agent:
@@ -160,6 +166,16 @@ class Agent:
         )
         self._tasks = self._pipeline.tasks
         self._registration()  # fail fast on a bad name, slots or labels
+        if config.channel not in c.CHANNEL_MODES:
+            modes = ", ".join(c.CHANNEL_MODES)
+            raise ConfigError(f"--channel must be one of {modes}, not {config.channel!r}")
+        self._channel: WorkerChannel | None = None
+        if config.channel == "auto":
+            verify = tls.verify_for(config.url, config.fingerprint)
+            self._channel = WorkerChannel(config.url, verify)
+            self._uplink.channel = self._channel
+        self._channel_at = 0.0  # when to try the channel again (loop time)
+        self._channel_failures = 0
 
     # ------------------------------------------------------------ life cycle
 
@@ -325,11 +341,21 @@ class Agent:
             log.info("environment report of task %s refused: %s", task_id, describe(resp))
 
     async def _acquire_loop(self) -> None:
+        """Take assignments: pushed over the live channel while it is open, else by
+        HTTP long polls (until the channel may be tried again)."""
         delay = BACKOFF_START_SECONDS
+        loop = asyncio.get_running_loop()
         while True:
+            if self._channel is not None and loop.time() >= self._channel_at:
+                await self._serve_channel()
+                if loop.time() >= self._channel_at:
+                    continue  # it was open and dropped: open it again at once
+            hold = _ACQUIRE_WAIT_SECONDS
+            if self._channel is not None:  # back to the channel when it is due
+                hold = max(1, min(hold, round(self._channel_at - loop.time())))
             try:
                 resp = await self._uplink.call(
-                    "POST", "acquire", params={"wait": _ACQUIRE_WAIT_SECONDS}, worker_route=True
+                    "POST", "acquire", params={"wait": hold}, worker_route=True
                 )
                 if resp.is_success:
                     if resp.status_code != 204:  # 204: the hold ran out; ask again at once
@@ -342,6 +368,44 @@ class Agent:
                 log.exception("acquire failed; retrying")
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_SECONDS)
+
+    async def _serve_channel(self) -> None:
+        """Run the live channel until it closes. When it cannot be opened, set when to
+        try again and let long polls carry the assignments meanwhile."""
+        assert self._channel is not None
+        loop = asyncio.get_running_loop()
+        uplink = self._uplink
+        opened = loop.time()
+        try:
+            why = await self._channel.serve(uplink.worker_id, uplink.worker_token, self._dispatch)
+        except ChannelRefused as e:
+            if e.status in (401, 404):  # the control plane forgot this worker
+                await uplink.register_again()
+                return
+            if self._channel_failures == 0:
+                log.warning(
+                    "worker %s: no live channel (%s); HTTP long polls, trying again every %gs",
+                    self.name, e, _CHANNEL_REFUSED_RETRY_SECONDS,
+                )  # fmt: skip
+            self._channel_failures += 1
+            self._channel_at = loop.time() + _CHANNEL_REFUSED_RETRY_SECONDS
+        except ChannelUnavailable as e:
+            # No answer or a reset: an outage (long polls wait it out) or a proxy that
+            # drops upgrades (long polls serve); try again sooner, then less often.
+            self._channel_failures += 1
+            wait = min(BACKOFF_START_SECONDS * 2**self._channel_failures, 60.0)
+            log.info("worker %s: channel not opened (%s); again in %.1fs", self.name, e, wait)
+            self._channel_at = loop.time() + wait
+        except Exception:  # a loop of the agent: log, long polls meanwhile
+            log.exception("channel failed")
+            self._channel_at = loop.time() + BACKOFF_CAP_SECONDS
+        else:
+            if self._channel_failures:
+                log.info("worker %s: live channel open again", self.name)
+            self._channel_failures = 0
+            log.info("worker %s: channel closed (%s); opening it again", self.name, why)
+            if loop.time() - opened < 1.0:  # closed as soon as opened: never spin
+                self._channel_at = loop.time() + BACKOFF_START_SECONDS
 
     def _dispatch(self, acquired: c.Acquired) -> None:
         # Heartbeats built from now on list this answer's tasks (docs/api.md).

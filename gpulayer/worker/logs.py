@@ -45,6 +45,7 @@ class LogShipper:
         self._drained.set()
         self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
+        self._sent_at = -1e9  # loop time the last batch went (long ago: the first goes at once)
 
     @property
     def produced(self) -> int:
@@ -82,10 +83,18 @@ class LogShipper:
         while not self._stopped:
             await self._arrived.wait()
             self._arrived.clear()
-            if self._unacked and len(self._unacked) < MAX_BATCH_LINES:
-                # Gather the lines of a burst, unless a flush wants them now.
+            quiet = asyncio.get_running_loop().time() - self._sent_at
+            if (
+                self._unacked
+                and len(self._unacked) < MAX_BATCH_LINES
+                and quiet < self._batch_seconds
+            ):
+                # A burst: gather its lines until batch_seconds after the last batch,
+                # unless a flush wants them now. After a quiet spell the first line
+                # goes at once (a cell's first output, a prompt), and lines that
+                # arrive while it is on its way make the next batch.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), self._batch_seconds)
+                    await asyncio.wait_for(self._urgent.wait(), self._batch_seconds - quiet)
             while self._unacked and not self._stopped:
                 try:
                     await self._ship_one()
@@ -103,6 +112,7 @@ class LogShipper:
             if size > MAX_BATCH_CHARS and n > 0:
                 batch = batch[:n]
                 break
+        self._sent_at = asyncio.get_running_loop().time()
         ack = await self._send(c.LogBatch(seq=self._first_seq, lines=batch))
         if ack is None:
             self.stop()

@@ -15,6 +15,7 @@ Registering again takes the worker's own credential
 import asyncio
 import email.utils
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ from gpulayer.errors import (
     error_for_code,
 )
 from gpulayer.private import private_dir
+from gpulayer.worker.channel import ChannelClosed, WorkerChannel
 from gpulayer.worker.credential import Credential, CredentialFile
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,8 @@ Content = bytes | Callable[[], AsyncIterator[bytes]]
 #: Answers to a registration with the worker's own credential that mean it is no
 #: longer good here: unknown or revoked, another worker's, or no such worker.
 _CREDENTIAL_REFUSED = frozenset({401, 403, 404, 409})
+#: The routes the live channel carries, compiled once.
+_CHANNEL_ROUTES = [(m, re.compile(p)) for m, p in c.WORKER_CALLS]
 
 
 class Request(TypedDict, total=False):
@@ -113,6 +117,18 @@ class Uplink:
         self._outage_since: float | None = None
         self._credentials = credentials
         self._credential = credentials.load(url) if credentials is not None else None
+        #: The live channel, while the agent keeps one (its log batches and completions).
+        self.channel: WorkerChannel | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """The id of the latest registration ("" before the first)."""
+        return self._worker_id
+
+    @property
+    def worker_token(self) -> str:
+        """The worker's own token from the latest registration."""
+        return self._worker_token
 
     # ---------------------------------------------------------- registration
 
@@ -200,7 +216,9 @@ class Uplink:
         while True:
             seen = self._registrations
             path = f"workers/{self._worker_id}/{route}" if worker_route else route
-            resp = await self._send(method, path, token=self._worker_token, **kw)
+            resp = await self._over_channel(method, path, kw)
+            if resp is None:
+                resp = await self._send(method, path, token=self._worker_token, **kw)
             if resp.status_code != 401 and not (worker_route and resp.status_code == 404):
                 return resp
             log.warning(
@@ -211,6 +229,31 @@ class Uplink:
             await asyncio.sleep(delay)  # only a server that keeps forgetting us waits here
             delay = min(max(delay * 2, BACKOFF_START_SECONDS), BACKOFF_CAP_SECONDS)
             await self._register_again(seen)
+
+    async def _over_channel(self, method: str, path: str, kw: Request) -> httpx.Response | None:
+        """The answer over the live channel when it is open and carries the route;
+        None to use HTTP (not carried, closed under the call, or a 5xx or 429 that
+        HTTP's retries wait out)."""
+        channel = self.channel
+        if (
+            channel is None
+            or not channel.is_open
+            or kw.get("content") is not None
+            or kw.get("params")
+            or not any(m == method and p.fullmatch(path) for m, p in _CHANNEL_ROUTES)
+        ):
+            return None
+        try:
+            answer = await channel.call("POST", path, kw.get("body"))
+        except ChannelClosed:
+            return None  # over HTTP, at once: logs are deduplicated, completions idempotent
+        if answer.status >= 500 or answer.status == 429:
+            return None
+        return httpx.Response(
+            answer.status,
+            content=answer.body.encode(),
+            request=httpx.Request(method, self._base + path),
+        )
 
     async def _send(
         self,

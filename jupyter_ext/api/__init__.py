@@ -6,6 +6,7 @@ route group with its ``ROUTES`` table (paths relative to the API prefix).
 """
 
 from . import (
+    channel,
     health,
     jobs,
     prometheus,
@@ -33,5 +34,7 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = (
     + secrets.ROUTES
     + providers.ROUTES
 )
+#: The live channel's WebSocket routes under the API prefix (docs/channel.md).
+CHANNEL_ROUTES: list[tuple[str, type[channel.ChannelHandler]]] = channel.ROUTES
 #: Routes beside the API (relative to ``<base_url>gpulayer/``).
 OUTER_ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = prometheus.ROUTES

@@ -41,7 +41,7 @@ from ..artifacts import BlobUpload
 from ..auth import Principal, admit, bearer_token
 from ..control_plane import ControlPlane
 from ..prometheus import StateCollector
-from .bodies import decode_json
+from .bodies import decode_json, integer_arg, number_arg
 from .errors import error_body, status_of
 
 AUTH_RESOURCE = "gpulayer"
@@ -64,6 +64,10 @@ class Limits:
     max_batch_bytes: int = 32 * 1024 * 1024
     max_heartbeat_devices: int = 64
     max_heartbeat_tasks: int = 256
+    #: The live channel (docs/channel.md): keepalive ping period, calls in flight.
+    channel_ping_seconds: float = 15.0
+    channel_max_calls: int = 64
+    channel_max_unsent_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -297,29 +301,11 @@ class GpulayerAPIHandler(ExtensionHandlerMixin, APIHandler):
 
     def float_arg(self, name: str, default: float, hi: float) -> float:
         """A numeric query argument in ``[0, hi]``."""
-        raw = self.get_query_argument(name, None)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError as e:
-            raise ValidationError(f"query argument {name!r} must be a number", field=name) from e
-        if not 0 <= value <= 1e9:
-            raise ValidationError(f"query argument {name!r} must be >= 0", field=name)
-        return min(value, hi)
+        return number_arg(self.get_query_argument(name, None), name, default, hi)
 
     def int_arg(self, name: str, default: int, lo: int, hi: int) -> int:
         """An integer query argument in ``[lo, hi]``."""
-        raw = self.get_query_argument(name, None)
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError as e:
-            raise ValidationError(f"query argument {name!r} must be an integer", field=name) from e
-        if not lo <= value <= hi:
-            raise ValidationError(f"query argument {name!r} must be in [{lo}, {hi}]", field=name)
-        return value
+        return integer_arg(self.get_query_argument(name, None), name, default, lo, hi)
 
     def wait_arg(self, name: str = "wait", default: float = 0.0) -> float:
         """A long-poll hold from the query, at most ``long_poll_seconds``."""

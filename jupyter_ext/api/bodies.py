@@ -92,3 +92,41 @@ def _check_text(path: str, text: str) -> None:
         raise ValidationError(
             f"{path or 'body'}: text is not valid Unicode (a lone surrogate)", field=path or None
         ) from e
+
+
+def number_arg(raw: str | None, name: str, default: float, hi: float) -> float:
+    """A numeric query argument in ``[0, hi]`` (``default`` when absent).
+
+    Raises
+    ------
+    ValidationError
+        Naming the argument when it is not a number, or negative.
+    """
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise ValidationError(f"query argument {name!r} must be a number", field=name) from e
+    if not 0 <= value <= 1e9:
+        raise ValidationError(f"query argument {name!r} must be >= 0", field=name)
+    return min(value, hi)
+
+
+def integer_arg(raw: str | None, name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query argument in ``[lo, hi]`` (``default`` when absent).
+
+    Raises
+    ------
+    ValidationError
+        Naming the argument when it is not an integer in range.
+    """
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValidationError(f"query argument {name!r} must be an integer", field=name) from e
+    if not lo <= value <= hi:
+        raise ValidationError(f"query argument {name!r} must be in [{lo}, {hi}]", field=name)
+    return value

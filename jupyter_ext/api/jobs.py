@@ -11,6 +11,7 @@ from gpulayer.contracts import (
     ArtifactList,
     BlobRef,
     EventList,
+    Job,
     JobBatch,
     JobList,
     JobSpec,
@@ -19,7 +20,8 @@ from gpulayer.contracts import (
 )
 from gpulayer.errors import NotFound, ValidationError
 
-from ..auth import requires
+from ..auth import Principal, requires
+from ..control_plane import ControlPlane
 from .base import GpulayerAPIHandler
 
 READ = ("viewer", "submitter")
@@ -30,7 +32,11 @@ _KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 def idempotency_key(handler: GpulayerAPIHandler) -> str | None:
     """The request's ``Idempotency-Key``, or None; 400 when it is malformed."""
-    raw = handler.request.headers.get(IDEMPOTENCY_HEADER)
+    return checked_key(handler.request.headers.get(IDEMPOTENCY_HEADER))
+
+
+def checked_key(raw: str | None) -> str | None:
+    """An ``Idempotency-Key`` as sent (None for none); 400 when it is malformed."""
     if raw is None:
         return None
     if not _KEY.fullmatch(raw):
@@ -39,6 +45,17 @@ def idempotency_key(handler: GpulayerAPIHandler) -> str | None:
             field=IDEMPOTENCY_HEADER,
         )
     return raw
+
+
+async def submit_one(
+    plane: ControlPlane, who: Principal, spec: JobSpec, key: str | None
+) -> tuple[Job, bool]:
+    """``POST jobs`` for the HTTP route and the channel: the job, stored once per
+    ``key``; and whether a repeat found it stored already."""
+    got = await plane.jobs.submit_once([spec], who.name, who, key=key)
+    if not got.jobs:
+        raise NotFound(f"the job {IDEMPOTENCY_HEADER} {key!r} created no longer exists")
+    return got.jobs[0], got.replayed
 
 
 class JobsHandler(GpulayerAPIHandler):
@@ -71,14 +88,11 @@ class JobsHandler(GpulayerAPIHandler):
         spec = self.parse(JobSpec)
         hold = self.wait_arg()
         key = idempotency_key(self)
-        got = await self.gl.jobs.submit_once([spec], self.who.name, self.who, key=key)
-        if not got.jobs:
-            raise NotFound(f"the job {IDEMPOTENCY_HEADER} {key!r} created no longer exists")
-        job = got.jobs[0]
+        job, replayed = await submit_one(self.gl, self.who, spec, key)
         if hold > 0 and job.state not in TERMINAL_STATES:
             ended = await self.long_poll(self.gl.jobs.wait(job.id, hold))
             job = ended or job
-        if got.replayed:
+        if replayed:
             self.reply(job)
         else:
             self.created(job, job.id)

@@ -1,8 +1,15 @@
 """The connection: one SQLite file in WAL mode behind one aiosqlite connection.
 
 One long-lived connection is the single writer; aiosqlite runs its calls in order
-on its own thread, so handlers never block the event loop. All SQL is
-parameterized; rows keep times as UNIX seconds (REAL).
+on its own thread, so handlers never block the event loop. Reads of a few rows
+(a job, a task, a token, a page of up to :data:`INLINE_READ_ROWS` lines) run on
+the event loop's thread, on a second, read-only connection: in WAL mode a reader
+never waits for the writer and sees every committed transaction, and a point
+read takes tens of microseconds where a hand-off to the writer's thread and back
+costs two context switches (milliseconds on a busy machine; ~20 reads a function
+call, docs/channel.md). Larger reads (lists, long log pages, retention scans)
+still go to the thread (``big=True``). All SQL is parameterized; rows keep times
+as UNIX seconds (REAL).
 
 A statement that fails because the disk is full, read-only or failing raises
 :class:`~gpulayer.errors.StorageFull` / :class:`~gpulayer.errors.StorageError`
@@ -27,6 +34,8 @@ from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
 
 T = TypeVar("T")
+#: Reads of at most about this many rows run on the event loop (see the docstring).
+INLINE_READ_ROWS = 1000
 
 
 class Database:
@@ -35,6 +44,7 @@ class Database:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._db: aiosqlite.Connection | None = None
+        self._reader: sqlite3.Connection | None = None  # read-only, on the loop's thread
         # One connection means one transaction at a time: coroutines take turns.
         self._tx = asyncio.Lock()
 
@@ -56,13 +66,17 @@ class Database:
         self._db = db
         try:
             await self._migrate()
+            self._reader = _read_only(self.path)
         except BaseException:
             await self.close()
             raise
         return self
 
     async def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connections (idempotent)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._db is not None:
             await self._db.close()
             self._db = None
@@ -99,11 +113,20 @@ class Database:
 
     async def _one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
         with self._storage_errors():
+            if self._reader is not None:
+                row: sqlite3.Row | None = self._reader.execute(sql, params).fetchone()
+                return row
             rows = await self.db.execute_fetchall(sql, params)
         return next(iter(rows), None)
 
-    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    async def _all(
+        self, sql: str, params: Sequence[Any] = (), *, big: bool = False
+    ) -> list[sqlite3.Row]:
+        """Every row of ``sql``: on the loop's thread, or, ``big`` (a list, a long page,
+        a scan), on the writer's thread so the loop is never held long."""
         with self._storage_errors():
+            if self._reader is not None and not big:
+                return self._reader.execute(sql, params).fetchall()
             return list(await self.db.execute_fetchall(sql, params))
 
     @contextlib.contextmanager
@@ -145,6 +168,18 @@ class Database:
 
 
 D = TypeVar("D", bound=Database)
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """The read-only connection reads of a few rows use (see the module docstring)."""
+    conn = sqlite3.connect(
+        path.absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+        check_same_thread=False,  # used on the loop's thread only; opened wherever open() ran
+    )  # fmt: skip
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA query_only=1")
+    conn.execute("PRAGMA busy_timeout=1000")  # WAL readers wait only in rare recoveries
+    return conn
 
 
 @contextlib.contextmanager

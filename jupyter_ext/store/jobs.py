@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 from gpulayer.contracts import JobState
 
-from .db import Database, marks
+from .db import INLINE_READ_ROWS, Database, marks
 from .records import (
     ArtifactRecord,
     EventRecord,
@@ -42,7 +42,9 @@ class JobQueries(Database):
         sql = "SELECT * FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(f"{c} = ?" for c, _ in where)
-        rows = await self._all(sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit))
+        rows = await self._all(
+            sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit), big=limit > 100
+        )
         return [JobRecord.from_row(r) for r in rows]
 
     async def queued_jobs(self, page: int = 500) -> AsyncIterator[JobRecord]:
@@ -55,12 +57,14 @@ class JobQueries(Database):
                     "SELECT * FROM jobs WHERE state = 'queued'"
                     " ORDER BY priority DESC, seq ASC LIMIT ?",
                     (page,),
+                    big=page > INLINE_READ_ROWS,
                 )
             else:
                 rows = await self._all(
                     "SELECT * FROM jobs WHERE state = 'queued' AND (priority < ?"
                     " OR (priority = ? AND seq > ?)) ORDER BY priority DESC, seq ASC LIMIT ?",
                     (last[0], last[0], last[1], page),
+                    big=page > INLINE_READ_ROWS,
                 )
             for row in rows:
                 yield JobRecord.from_row(row)

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpulayer.contracts import TERMINAL_STATES, LogLine, LogPage
 
-from .db import Database, transaction
+from .db import INLINE_READ_ROWS, Database, transaction
 from .records import MetricRecord, as_datetime
 
 
@@ -77,6 +77,7 @@ class OutputQueries(Database):
         rows = await self._all(
             "SELECT * FROM logs WHERE job_id = ? AND offset >= ? ORDER BY offset LIMIT ?",
             (job_id, offset, limit),
+            big=limit > INLINE_READ_ROWS,
         )
         job = await self._one("SELECT state, log_count FROM jobs WHERE id = ?", (job_id,))
         assert job is not None
@@ -94,6 +95,7 @@ class OutputQueries(Database):
             "SELECT * FROM logs WHERE job_id = ? AND offset >= ? AND offset < ? AND task_id IN"
             " (SELECT id FROM tasks WHERE job_id = ? AND attempt = ?) ORDER BY offset LIMIT ?",
             (job_id, offset, count, job_id, attempt, limit),
+            big=limit > INLINE_READ_ROWS,
         )
         nxt = rows[-1]["offset"] + 1 if len(rows) == limit else max(offset, count)
         complete = job["state"] in TERMINAL_STATES and nxt >= count
@@ -138,6 +140,7 @@ class OutputQueries(Database):
         rows = await self._all(
             "SELECT * FROM metrics WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (job_id, after, limit),
+            big=limit > INLINE_READ_ROWS,
         )
         return [MetricRecord.from_row(r) for r in rows]
 

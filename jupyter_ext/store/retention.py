@@ -30,17 +30,17 @@ class RetentionQueries(Database):
     async def ended_before(self, ts: float, limit: int) -> list[str]:
         """Up to ``limit`` finished jobs that ended before ``ts``, oldest first."""
         sql = f"SELECT id FROM jobs WHERE state IN {_ENDED} AND ended_at < ? ORDER BY seq LIMIT ?"
-        return [r["id"] for r in await self._all(sql, (ts, limit))]
+        return [r["id"] for r in await self._all(sql, (ts, limit), big=True)]
 
     async def ended_beyond(self, keep: int, limit: int) -> list[str]:
         """Up to ``limit`` finished jobs older than the newest ``keep`` finished ones."""
         sql = f"SELECT id FROM jobs WHERE state IN {_ENDED} ORDER BY seq DESC LIMIT ? OFFSET ?"
-        return [r["id"] for r in await self._all(sql, (limit, keep))]
+        return [r["id"] for r in await self._all(sql, (limit, keep), big=True)]
 
     async def oldest_ended(self, limit: int) -> list[str]:
         """The ``limit`` oldest finished jobs."""
         sql = f"SELECT id FROM jobs WHERE state IN {_ENDED} ORDER BY seq LIMIT ?"
-        return [r["id"] for r in await self._all(sql, (limit,))]
+        return [r["id"] for r in await self._all(sql, (limit,), big=True)]
 
     async def delete_jobs(self, job_ids: Sequence[str]) -> list[str]:
         """Delete the jobs among ``job_ids`` that ended (and hold no active task),
@@ -79,10 +79,10 @@ class RetentionQueries(Database):
             )
             for q in _BLOB_REFS
         ]
-        rows = await self._all(" UNION ".join(parts), list(job_ids) * len(parts))
+        rows = await self._all(" UNION ".join(parts), list(job_ids) * len(parts), big=True)
         return {r[0] for r in rows if r[0]}
 
     async def referenced_blobs(self) -> set[str]:
         """Every blob some stored job still names."""
         parts = [q.format(where="", and_="", where_id="") for q in _BLOB_REFS]
-        return {r[0] for r in await self._all(" UNION ".join(parts)) if r[0]}
+        return {r[0] for r in await self._all(" UNION ".join(parts), big=True) if r[0]}

@@ -28,7 +28,7 @@ class TokenQueries(Database):
 
     async def list_tokens(self) -> list[TokenRecord]:
         """Every token record, oldest first."""
-        rows = await self._all("SELECT * FROM tokens ORDER BY created_at, id")
+        rows = await self._all("SELECT * FROM tokens ORDER BY created_at, id", big=True)
         return [TokenRecord.from_row(r) for r in rows]
 
     async def tokens_named(self, name: str) -> list[TokenRecord]:

@@ -481,3 +481,18 @@ def test_submit_of_something_not_a_command_says_what_it_takes(command: object) -
         client.submit(command, connection=rec.connection())  # type: ignore[arg-type]
     assert type(command).__name__ in str(e.value)
     assert rec.requests == []  # nothing was sent
+
+
+def test_the_channel_mode_comes_from_the_argument_or_gpulayer_channel(monkeypatch):
+    from gpulayer.client.connection import channel_mode
+
+    monkeypatch.delenv("GPULAYER_CHANNEL", raising=False)
+    assert channel_mode() == "auto"
+    monkeypatch.setenv("GPULAYER_CHANNEL", "HTTP")
+    assert channel_mode() == "http"
+    assert channel_mode("auto") == "auto"  # the argument wins
+    monkeypatch.setenv("GPULAYER_CHANNEL", "carrier-pigeon")
+    with pytest.raises(errors.ConfigError, match="GPULAYER_CHANNEL must be one of auto, http"):
+        channel_mode()
+    with pytest.raises(errors.ConfigError, match="channel must be one of"):
+        client.Connection("http://127.0.0.1:1/", "gl_x", channel="ws")

@@ -1,0 +1,274 @@
+"""The live channel: a WebSocket per client (``channel``) and per worker
+(``workers/{id}/channel``), docs/channel.md and docs/adr/0111.
+
+The handshake is an ordinary GET that ``prepare`` authenticates before tornado
+upgrades it: a bearer token (no cookie: a browser page cannot open it for a
+user), the route's roles, and for a worker its own id; a refusal is the JSON
+``ErrorBody`` with 401/403/404/429, as on every other route, and no upgrade.
+
+Once open, the peer sends :class:`~gpulayer.contracts.ChannelCall` frames, each
+answered (in any order, calls run side by side) by a
+:class:`~gpulayer.contracts.ChannelAnswer` from ``channel_calls.py``. A worker's
+channel also pushes a :class:`~gpulayer.contracts.ChannelPush` with its
+``Acquired`` the moment placement stores an assignment (or a cancel or interrupt
+waits for it): the acquire long poll, held open for as long as the socket is.
+
+Limits: a frame over the route's body limit closes the channel (1009) and
+harms nothing else; at most ``channel_max_calls`` calls in flight (more are
+answered 429); unsent answers past ``channel_max_unsent_bytes`` close it with
+``CLOSE_RESYNC`` (the peer reconnects and resumes from its offsets), so a peer
+that stops reading cannot grow the server's memory. Pings every
+``channel_ping_seconds`` keep proxies from closing an idle channel and find dead
+peers. A revoked or expired token's channels are closed (``CLOSE_UNAUTHORIZED``).
+"""
+
+import asyncio
+import logging
+from typing import Any
+
+import pydantic
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+from gpulayer.contracts import (
+    CLOSE_RESYNC,
+    CLOSE_UNAUTHORIZED,
+    ChannelAnswer,
+    ChannelCall,
+    ChannelPush,
+    ErrorBody,
+)
+from gpulayer.errors import AuthError, GpulayerError, NotFound, RateLimited
+
+from ..auth import Principal, admit, bearer_token
+from ..control_plane import ControlPlane
+from . import channel_calls
+from .base import STARTUP_WAIT_SECONDS, AppState, Limits
+from .errors import error_body, status_of
+
+log = logging.getLogger(__name__)
+
+#: A worker's push loop waits this long after a failure before it acquires again.
+_PUSH_RETRY_SECONDS = 1.0
+
+
+class ChannelHandler(WebSocketHandler):
+    """Base of both channels: authentication before the upgrade, calls, limits."""
+
+    #: Roles that may open the channel (admin always may).
+    roles: frozenset[str] = frozenset({"admin"})
+    #: The routes its calls may name.
+    routes: list[channel_calls.Route] = []
+    principal: Principal | None = None
+
+    @property
+    def state(self) -> AppState:
+        """The app's published state."""
+        state = self.settings["gpulayer"]
+        assert isinstance(state, AppState)
+        return state
+
+    @property
+    def gl(self) -> ControlPlane:
+        """The control plane's services."""
+        running = self.state.running
+        if running is None:
+            raise web.HTTPError(503, "gpulayer is not running")
+        return running.plane
+
+    @property
+    def limits(self) -> Limits:
+        """The app's limits and timings."""
+        return self.state.limits
+
+    @property
+    def who(self) -> Principal:
+        """The channel's principal (``prepare`` made sure there is one)."""
+        if self.principal is None:
+            raise AuthError("the channel needs a gpulayer token")
+        return self.principal
+
+    # ------------------------------------------------------------ handshake
+
+    async def prepare(self) -> None:
+        """Authenticate the handshake before the upgrade; refuse with the JSON error
+        every route answers."""
+        if not self.state.ready.is_set():
+            try:
+                await asyncio.wait_for(self.state.ready.wait(), STARTUP_WAIT_SECONDS)
+            except TimeoutError:
+                self._refuse(503, ErrorBody(code="unavailable", message="gpulayer is starting"))
+                return
+        try:
+            token = bearer_token(self.request.headers.get("Authorization"))
+            if token is None:
+                raise AuthError("the channel needs a gpulayer token (Authorization: Bearer gl_...)")
+            who = await self.gl.tokens.resolve(token, self.request.remote_ip)
+            admit(who, self.roles | {"admin"}, "GET", self.request.path)
+            await self.admit_channel(who)
+        except GpulayerError as e:
+            if isinstance(e, RateLimited):
+                self.set_header("Retry-After", str(max(1, round(e.retry_after_seconds))))
+            self._refuse(status_of(e), error_body(e, 0, ""))
+            return
+        self.principal = who
+
+    async def admit_channel(self, who: Principal) -> None:
+        """More checks of a subclass, before the upgrade."""
+
+    def _refuse(self, status: int, body: ErrorBody) -> None:
+        if status == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="gpulayer"')
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body.model_dump_json())
+
+    # ------------------------------------------------------------- settings
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest frame taken: the route's body limit (docs/security.md)."""
+        return self.limits.max_body_bytes
+
+    @property
+    def ping_interval(self) -> float | None:
+        """Keepalive pings (0: none)."""
+        return self.limits.channel_ping_seconds or None
+
+    # ------------------------------------------------------------- life
+
+    async def open(self, *args: Any, **kwargs: Any) -> None:
+        """Register the channel and watch its token."""
+        self.set_nodelay(True)  # small frames go out at once (no Nagle wait for an ACK)
+        self._calls: set[asyncio.Task[None]] = set()
+        self._loops: set[asyncio.Task[None]] = set()  # the token guard, a worker's pushes
+        self._unsent = 0
+        who = self.who
+        if who.token_id is not None:
+            self.gl.channels.opened(who.token_id, self._close_for)
+            self._spawn(self._guard(who), self._loops)
+
+    @staticmethod
+    def _spawn(work: Any, into: set[asyncio.Task[None]]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    async def _guard(self, who: Principal) -> None:
+        why = await self.gl.tokens.until_invalid(who)
+        self._close_for(CLOSE_UNAUTHORIZED, why)
+
+    def _close_for(self, code: int, why: str) -> None:
+        self.close(code, why[:120])  # a close reason is at most 123 bytes
+
+    def on_message(self, message: str | bytes) -> None:
+        """Start answering a call (side by side with the others in flight)."""
+        if isinstance(message, bytes):
+            self.close(1003, "the channel takes JSON text frames")
+            return
+        try:
+            call = ChannelCall.model_validate_json(message)
+        except pydantic.ValidationError:
+            self.close(1007, "not a ChannelCall")
+            return
+        if len(self._calls) >= self.limits.channel_max_calls:
+            busy = RateLimited(
+                f"more than {self.limits.channel_max_calls} calls in flight on one channel",
+                retry_after_seconds=1.0,
+            )
+            body = error_body(busy, 429, "").model_dump_json()
+            self.send(ChannelAnswer(id=call.id, status=429, body=body).model_dump_json())
+            return
+        self._spawn(self._answer(call), self._calls)
+
+    async def _answer(self, call: ChannelCall) -> None:
+        try:
+            answer = await channel_calls.answer(self.routes, self.gl, self.who, call, self.limits)
+        except Exception:  # a call's own failure is its answer, never the channel's end
+            log.exception("channel call %s %s failed", call.method, call.path)
+            body = ErrorBody(code="internal", message="internal error; see the server log")
+            answer = ChannelAnswer(id=call.id, status=500, body=body.model_dump_json())
+        self.send(answer.model_dump_json())
+
+    def send(self, text: str) -> None:
+        """Write a frame, or close the channel for a resync when too much is unsent."""
+        conn = self.ws_connection
+        if conn is None or conn.is_closing():
+            return
+        size = len(text)
+        # One answer, however large, goes (its route bounds it); answers piling up
+        # behind one the peer has not taken do not.
+        if self._unsent and self._unsent + size > self.limits.channel_max_unsent_bytes:
+            self.close(CLOSE_RESYNC, "too much unsent: reconnect and resume from your offsets")
+            return
+        self._unsent += size
+        try:
+            sent = self.write_message(text)
+        except WebSocketClosedError:
+            return
+
+        def taken(f: "asyncio.Future[None]") -> None:
+            self._unsent -= size
+            if not f.cancelled():
+                f.exception()  # a closed socket: on_close has the rest
+
+        sent.add_done_callback(taken)
+
+    def on_close(self) -> None:
+        """Stop the channel's calls and pushes; forget it."""
+        for task in [*getattr(self, "_calls", ()), *getattr(self, "_loops", ())]:
+            task.cancel()
+        who = self.principal
+        running = self.state.running
+        if who is not None and who.token_id is not None and running is not None:
+            running.plane.channels.closed(who.token_id, self._close_for)
+
+
+class ClientChannelHandler(ChannelHandler):
+    """``GET channel``: a client's (kernel, CLI) channel."""
+
+    roles = frozenset({"viewer", "submitter"})
+    routes = channel_calls.CLIENT_ROUTES
+
+
+class WorkerChannelHandler(ChannelHandler):
+    """``GET workers/{id}/channel``: a worker's channel; its assignments are pushed."""
+
+    roles = frozenset({"worker"})
+    routes = channel_calls.WORKER_ROUTES
+
+    @property
+    def max_message_size(self) -> int:
+        """A log batch may pass the JSON limit, as on ``POST tasks/{id}/logs``."""
+        return self.limits.max_batch_bytes
+
+    async def admit_channel(self, who: Principal) -> None:
+        """Its own worker, and one the control plane knows (404: register again)."""
+        await self.gl.workers.check_channel(self.path_kwargs["worker_id"], who)
+
+    async def open(self, *args: Any, **kwargs: Any) -> None:
+        """Register the channel, then push assignments as they come."""
+        await super().open()
+        self._spawn(self._push(kwargs["worker_id"]), self._loops)
+
+    async def _push(self, worker_id: str) -> None:
+        """The acquire long poll, re-armed for as long as the channel is open."""
+        hold = self.limits.long_poll_seconds
+        while self.ws_connection is not None and not self.ws_connection.is_closing():
+            try:
+                got = await self.gl.workers.acquire(worker_id, hold, self.who)
+            except NotFound:
+                self.close(4404, "unknown worker: register again")
+                return
+            except Exception:  # a loop of the channel: log, wait, acquire again
+                log.exception("pushing to worker %s failed", worker_id)
+                await asyncio.sleep(_PUSH_RETRY_SECONDS)
+                continue
+            if got is not None:
+                self.send(ChannelPush(acquired=got).model_dump_json())
+
+
+ROUTES: list[tuple[str, type[ChannelHandler]]] = [
+    (r"channel", ClientChannelHandler),
+    (r"workers/(?P<worker_id>[^/]+)/channel", WorkerChannelHandler),
+]

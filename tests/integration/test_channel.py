@@ -1,0 +1,374 @@
+"""The live channel end to end (docs/channel.md): a real control plane and real
+``gpulayer join`` workers, the public client, and raw WebSockets where the test
+plays a peer (a worker that receives a pushed assignment, a bad token, an
+oversized frame).
+
+The fallback runs through a small TCP proxy that refuses every WebSocket upgrade
+(403), as a proxy that blocks WebSockets does, and passes everything else.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+import gpulayer as gl
+from gpulayer import contracts
+from gpulayer.client import Connection
+from gpulayer.client.cells import ensure_session
+from gpulayer.client.cells import submit as submit_cell
+from tests.support import until
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _ws(cluster, path: str) -> str:
+    return "ws" + cluster.url.removeprefix("http").rstrip("/") + contracts.API_PREFIX + "/" + path
+
+
+def _open(cluster, path: str, token: str, **kw):
+    ws = connect(_ws(cluster, path), additional_headers={"Authorization": f"Bearer {token}"},
+                 open_timeout=20, **kw)  # fmt: skip
+    return contextlib.ExitStack().enter_context(ws)  # as a context: no legacy warning
+
+
+def _call(ws, id_: int, method: str, path: str, body=None, **query) -> contracts.ChannelAnswer:
+    call = contracts.ChannelCall(id=id_, method=method, path=path, query=query,
+                                 body=None if body is None else json.dumps(body))  # fmt: skip
+    ws.send(call.model_dump_json())
+    while True:
+        frame = json.loads(ws.recv(timeout=60))
+        if frame["type"] == "answer" and frame["id"] == id_:
+            return contracts.ChannelAnswer.model_validate(frame)
+
+
+# ------------------------------------------------------------- the channel path
+
+
+def test_a_function_call_and_a_map_travel_over_the_channel(conn):
+    @gl.remote(connection=conn)
+    def double(x):
+        print("doubling", x)
+        return 2 * x
+
+    assert double.run(21) == 42
+    assert conn.channel_open  # the submit and its wait went over the WebSocket
+    assert list(double.map(range(20))) == [2 * x for x in range(20)]
+    call = double.spawn(5)
+    assert call.result(timeout=60) == 10
+    assert call.logs() == ["doubling 5"]
+
+
+def test_a_command_jobs_logs_are_followed_live(conn):
+    job = gl.submit("for i in $(seq 1 30); do echo line $i; sleep 0.02; done", connection=conn)
+    lines = [line.text for line in conn.follow_logs(job.id) if line.stream == "stdout"]
+    assert lines == [f"line {i}" for i in range(1, 31)]
+    assert conn.channel_open
+    assert conn.wait(job.id).state == "succeeded"
+
+
+def test_gpulayer_logs_follow_prints_each_line_once(cluster, conn):
+    job = gl.submit("for i in 1 2 3; do echo out $i; sleep 0.1; done", connection=conn)
+    env = {**os.environ, "GPULAYER_URL": cluster.url, "GPULAYER_TOKEN": cluster.admin_token,
+           "GPULAYER_CONFIG": "/nonexistent/gpulayer.json"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "gpulayer", "logs", "-f", job.id], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [x for x in done.stdout.splitlines() if x.startswith("out")] == ["out 1", "out 2",
+                                                                            "out 3"]  # fmt: skip
+
+
+def _texts(run) -> list[str]:
+    return [m.content["text"] for m in run.messages() if m.msg_type == "stream"]
+
+
+def test_a_session_cell_is_answered_over_the_channel(conn):
+    ensure_session(conn, "chan")
+    until(lambda: conn.session("chan").state == "running", 90, "the session's kernel")
+    first = submit_cell(conn, "x = 6 * 7\nprint('x is', x)", session="chan")
+    assert _texts(first) == ["x is 42\n"]
+    assert first.reply is not None and first.reply["status"] == "ok"
+    assert conn.channel_open
+    second = submit_cell(conn, "print(x + 1)", session="chan")  # the warm kernel kept x
+    assert _texts(second) == ["43\n"]
+    conn.end_session("chan")
+
+
+def test_a_worker_receives_its_assignment_pushed_and_completes_over_the_channel(cluster, conn):
+    reg = contracts.WorkerRegistration(
+        name="pushed", hostname="h", cpus=1, memory_bytes=2**30, slots=1,
+        labels={"only": "pushed"}, version=gl.__version__, python="3.11",
+    )  # fmt: skip
+    api = cluster.url.rstrip("/") + contracts.API_PREFIX + "/"
+    answer = httpx.post(api + "workers/register", content=reg.model_dump_json(),
+                        headers={"Authorization": f"Bearer {cluster.join_token}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    got = contracts.Registered.model_validate_json(answer.content)
+    try:
+        with _open(cluster, f"workers/{got.worker_id}/channel", got.token) as ws:
+            job = gl.submit("true", selector={"only": "pushed"}, connection=conn)
+            push = contracts.ChannelPush.model_validate_json(ws.recv(timeout=60))
+            (assignment,) = push.acquired.assignments
+            assert assignment.job_id == job.id
+            assert conn.job(job.id).state == "running"  # taken the durable way, as an acquire
+            batch = {"seq": 0, "lines": [{"stream": "stdout", "text": "hi", "ts": time.time()}]}
+            logs = _call(ws, 1, "POST", f"tasks/{assignment.task_id}/logs", batch)
+            assert logs.status == 200 and json.loads(logs.body)["next_seq"] == 1
+            done = {"state": "succeeded", "exit_code": 0}
+            answered = _call(ws, 2, "POST", f"tasks/{assignment.task_id}/complete", done)
+            assert answered.status == 200, answered.body
+            assert conn.wait(job.id, timeout=30).state == "succeeded"
+            assert [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"] == ["hi"]
+            # A route the worker channel does not carry is a 404 answer; the channel lives on.
+            nope = _call(ws, 3, "POST", "jobs", {"command": "true"})
+            assert nope.status == 404
+    finally:
+        conn.forget_worker("pushed")
+
+
+# ------------------------------------------------------------------------ auth
+
+
+def test_a_bad_token_is_refused_at_the_handshake(cluster, conn):
+    with pytest.raises(InvalidStatus) as bad:
+        _open(cluster, "channel", "gl_" + "A" * 43)
+    assert bad.value.response.status_code == 401
+    assert json.loads(bad.value.response.body)["code"] == "unauthenticated"
+    with pytest.raises(InvalidStatus) as none:
+        connect(_ws(cluster, "channel"), open_timeout=20)
+    assert none.value.response.status_code == 401
+    # A viewer is no worker: the worker channel is 403 before any upgrade.
+    viewer = conn.create_token(contracts.CreateToken(name="chan-viewer", role="viewer")).token
+    with pytest.raises(InvalidStatus) as other:
+        _open(cluster, "workers/x1/channel", viewer)
+    assert other.value.response.status_code == 403
+    conn.revoke_token("chan-viewer")
+
+
+def test_a_revoked_tokens_channel_is_closed_and_cannot_open_again(cluster, conn):
+    made = conn.create_token(contracts.CreateToken(name="revoke-me", role="viewer"))
+    with _open(cluster, "channel", made.token) as ws:
+        assert _call(ws, 1, "GET", "jobs/nope").status == 404  # open and answering
+        conn.revoke_token("revoke-me")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == contracts.CLOSE_UNAUTHORIZED
+    with pytest.raises(InvalidStatus) as again:
+        _open(cluster, "channel", made.token)
+    assert again.value.response.status_code == 401
+
+
+def test_an_oversized_frame_closes_only_that_channel(cluster, conn):
+    with _open(cluster, "channel", cluster.admin_token, max_size=None) as ws:
+        with pytest.raises(ConnectionClosed) as closed:  # over max_body_bytes: closed
+            ws.send("x" * (8 * 1024 * 1024 + 1))  # (tornado reads the length, not the rest)
+            ws.recv(timeout=30)
+        code = closed.value.rcvd.code if closed.value.rcvd is not None else None
+        assert code in (1009, None)  # 1009, unless the unread rest reset the socket first
+    with _open(cluster, "channel", cluster.admin_token) as fine:
+        assert _call(fine, 7, "GET", "jobs/nope").status == 404
+    assert conn.health().status == "ok"
+
+
+def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
+    job = gl.submit("sleep 60", connection=conn)
+    try:
+        with _open(cluster, "channel", cluster.admin_token) as ws:
+            held = contracts.WaitAny(ids=[job.id], timeout=30).model_dump_json()
+            for i in range(70):  # 64 may wait at once (channel_max_calls)
+                call = contracts.ChannelCall(id=i, method="POST", path="jobs/wait", body=held)
+                ws.send(call.model_dump_json())
+            refused = [contracts.ChannelAnswer.model_validate_json(ws.recv(timeout=30))
+                       for _ in range(6)]  # fmt: skip
+            assert {a.status for a in refused} == {429}
+            assert {a.id for a in refused} == set(range(64, 70))
+    finally:
+        conn.cancel(job.id)
+
+
+def test_a_peer_that_stops_reading_is_closed_for_a_resync(fresh_cluster):
+    c = fresh_cluster(
+        workers=1, slots=1, server_args=["--GpulayerApp.channel_max_unsent_bytes=200000"]
+    )
+    with c.connection() as conn:
+        job = gl.submit("python -c \"[print('y' * 100) for _ in range(3000)]\"", connection=conn)
+        assert conn.wait(job.id, timeout=120).state == "succeeded"
+        with _open(c, "channel", c.admin_token, max_size=None) as ws:
+            for i in range(40):  # ~360 kB an answer, none read until all are asked
+                call = contracts.ChannelCall(id=i, method="GET", path=f"jobs/{job.id}/logs",
+                                             query={"limit": "3000"})  # fmt: skip
+                ws.send(call.model_dump_json())
+            answered = 0
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=60)
+                    answered += 1
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == contracts.CLOSE_RESYNC
+        assert answered < 40
+        # The follower resumes from its offset: every line once.
+        lines = [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"]
+        assert lines == ["y" * 100] * 3000
+
+
+# ------------------------------------------------------------------ resuming
+
+
+def test_a_dropped_channel_resumes_without_lost_or_repeated_lines(conn):
+    job = gl.submit("for i in $(seq 1 60); do echo n $i; sleep 0.03; done", connection=conn)
+    seen: list[str] = []
+    dropped = 0
+    for line in conn.follow_logs(job.id):
+        if line.stream == "stdout":
+            seen.append(line.text)
+        if len(seen) in (10, 30) and dropped < len(seen) // 10:
+            dropped += 1 if len(seen) == 10 else 2
+            _drop(conn)  # close the socket under the follow
+    assert seen == [f"n {i}" for i in range(1, 61)]
+    assert dropped == 3
+
+
+def _drop(conn: Connection) -> None:
+    """Close the channel's socket under it, as a network failure would."""
+    channel = conn._channel  # the test plays the network: no public way to break a socket
+    assert channel is not None
+    with contextlib.suppress(OSError):
+        channel._ws.socket.shutdown(socket.SHUT_RDWR)
+
+
+# ------------------------------------------------------------------- fallback
+
+
+REFUSAL = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class BlockingProxy:
+    """A TCP proxy that answers every WebSocket upgrade 403 and passes the rest."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.refused = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(65536)
+            if not chunk:
+                client.close()
+                return
+            head += chunk
+        if b"upgrade: websocket" in head.lower():
+            self.refused += 1
+            client.sendall(
+                b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            client.close()
+            return
+        with client, socket.create_connection(self.upstream) as up:
+            up.sendall(head)
+            back = threading.Thread(target=self._pipe, args=(up, client), daemon=True)
+            back.start()
+            self._pipe(client, up)
+            back.join()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def gl_proxy(cluster) -> Iterator[BlockingProxy]:
+    host, port = cluster.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    proxy = BlockingProxy((host, int(port)))
+    yield proxy
+    proxy.close()
+
+
+def _through(cluster, proxy: BlockingProxy) -> str:
+    host_port = cluster.url.split("//", 1)[1].split("/", 1)[0]
+    return cluster.url.replace(host_port, f"127.0.0.1:{proxy.port}")
+
+
+def test_with_websockets_blocked_a_worker_and_a_client_fall_back_to_long_polls(
+    cluster, gl_proxy, tmp_path: Path
+):
+    url = _through(cluster, gl_proxy)
+    log_path = tmp_path / "worker.log"
+    env = {**os.environ, "GPULAYER_JOIN_TOKEN": cluster.join_token}
+    with open(log_path, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gpulayer", "join", url, "--name", "behind-proxy",
+             "--slots", "1", "--label", "only=proxy", "--data-dir", str(tmp_path / "w")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        with Connection(url, cluster.admin_token) as conn:
+            ready = lambda: any(w.name == "behind-proxy" and w.state == "ready"  # noqa: E731
+                                for w in conn.workers())  # fmt: skip
+            until(ready, 60, "the worker behind the proxy")
+
+            @gl.remote(connection=conn, selector={"only": "proxy"})
+            def square(x):
+                return x * x
+
+            assert square.run(9) == 81  # assigned by a long poll, answered over HTTP
+            assert not conn.channel_open
+            assert list(square.map(range(5))) == [0, 1, 4, 9, 16]
+            job = gl.submit("for i in 1 2 3; do echo p $i; sleep 0.05; done",
+                            selector={"only": "proxy"}, connection=conn)  # fmt: skip
+            lines = [ln.text for ln in conn.follow_logs(job.id) if ln.stream == "stdout"]
+            assert lines == ["p 1", "p 2", "p 3"]
+            cell = submit_cell(conn, "print(6 * 7)", selector={"only": "proxy"})
+            assert _texts(cell) == ["42\n"]
+            assert not conn.channel_open
+        assert gl_proxy.refused >= 2  # the worker's upgrade and the client's were refused
+        assert "no live channel (upgrade refused (HTTP 403))" in log_path.read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        with Connection(cluster.url, cluster.admin_token) as admin:
+            admin.forget_worker("behind-proxy")
+
+
+def test_gpulayer_channel_http_never_opens_one(cluster):
+    with Connection(cluster.url, cluster.admin_token, channel="http") as conn:
+
+        @gl.remote(connection=conn)
+        def one():
+            return 1
+
+        assert one.run() == 1
+        assert not conn.channel_open
