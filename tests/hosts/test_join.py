@@ -69,12 +69,15 @@ def test_a_worker_cannot_read_the_control_planes_files_by_path(gl_hosts, gl_lapt
         assert done.returncode != 0 and "No such file" in done.stderr, (name, done)
     done = gl_laptop.cli_run("submit", "--worker", "w1", "-f", "--", "cat", str(token_file))
     assert done.returncode == 1 and "No such file" in done.stderr, done
-    # Each host has its own HOME and temp dir at the same path, holding its own files.
+    # Each host has its own HOME and temp dir at the same path, holding its own files
+    # (and its own /tmp, unless the checkout or Python lives there: the harness says).
     for host in gl_hosts:
-        host.run(["sh", "-c", f"echo {host.name} > $HOME/whose; echo {host.name} > /tmp/whose"])
+        dirs = ["$HOME", "$TMPDIR"] + (["/tmp"] if host.private_tmp else [])
+        host.run(["sh", "-c", "; ".join(f"echo {host.name} > {d}/whose" for d in dirs)])
     for host in gl_hosts:
-        got = host.run(["sh", "-c", "cat $HOME/whose /tmp/whose"]).stdout.split()
-        assert got == [host.name, host.name]
+        dirs = ["$HOME", "$TMPDIR"] + (["/tmp"] if host.private_tmp else [])
+        got = host.run(["sh", "-c", "cat " + " ".join(f"{d}/whose" for d in dirs)]).stdout.split()
+        assert got == [host.name] * len(dirs), (host.name, dirs, got)
 
 
 NOTEBOOK = """
