@@ -32,6 +32,7 @@ from .placement import (
     usage_by_worker,
     waiting_report,
 )
+from .queue import QueueIndex
 from .sessions import Sessions
 from .store import JobRecord, Statement
 from .transitions import placed_on
@@ -70,12 +71,13 @@ class Placer:
     async def schedule(self) -> int:
         """Place every queued job that fits; returns how many were placed.
 
-        One pass in placement order. Requirements that failed everywhere in this
-        pass are not tried again for later jobs (usage only grows within a pass),
-        and the pass stops as soon as no worker has a free slot.
+        One pass in placement order over the queue index (``queue.py``): the
+        head of each shape's bucket first, a bucket going on only while its jobs
+        are placed, so a pass costs O(shapes + placed), not O(queued). The pass
+        stops as soon as no worker has a free slot.
         """
         core = self._core
-        if not await core.store.any_queued():  # the usual case after a completion
+        if not len(core.queue):  # the usual case after a completion
             return 0
         async with core.lock:
             now = core.clock()
@@ -85,10 +87,7 @@ class Placer:
             free = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
             p = _Pass(now, workers, usage, free, stmts, cells)
             if free > 0:  # a full cluster reads no queue at all
-                async for job in core.store.queued_jobs():
-                    if p.free_slots <= 0:
-                        break
-                    await self._consider(p, job)
+                await self._walk(p, await core.settle_queue())
             if p.stmts:
                 await core.store.apply(p.stmts)
         for job_id, worker_id in p.placed:
@@ -97,19 +96,28 @@ class Placer:
             core.notify_job(job_id)
         return len(p.placed)
 
-    async def _consider(self, p: _Pass, job: JobRecord) -> None:
-        """Place ``job`` in pass ``p`` if it fits; an aged job that does not fit
-        reserves the workers that could ever run it."""
-        spec = self._core.spec(job)
-        if spec.in_session:
-            return  # placed by the session pass, once its session runs
-        key = gangs.shape_key(spec, self._core.shape(job))
-        if key not in p.failed_shapes and await self._place(p, job, spec):
-            return
-        p.failed_shapes.add(key)
-        if p.now - job.created_at > self._core.settings.aging_seconds:
-            res = spec.resources
-            p.reserved.update(w.id for w in p.workers if static_misfit(res, w) is None)
+    async def _walk(self, p: _Pass, queue: QueueIndex) -> None:
+        """Place what fits, bucket heads in placement order (lock held); a shape
+        whose head does not fit is not tried again in this pass, and its head, if
+        it has waited ``aging_seconds``, reserves the workers that could ever run it."""
+        walk = queue.walk()
+        for entry in walk:
+            if p.free_slots <= 0:
+                break
+            bucket = walk.bucket
+            assert bucket is not None
+            if bucket.key not in p.failed_shapes:
+                job = await self._core.store.get_job(entry.ref.id)
+                if job is None or job.state != JobState.queued:
+                    walk.next_in_bucket()  # left the queue while the pass ran
+                    continue
+                if await self._place(p, job, self._core.spec(job)):
+                    walk.next_in_bucket()
+                    continue
+                p.failed_shapes.add(bucket.key)
+            if p.now - entry.ref.created_at > self._core.settings.aging_seconds:
+                res = bucket.resources
+                p.reserved.update(w.id for w in p.workers if static_misfit(res, w) is None)
 
     async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
         """Try ``job`` on the workers not reserved; True when it was placed."""
