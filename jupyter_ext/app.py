@@ -165,6 +165,12 @@ class GpulayerApp(ExtensionApp):
     gc_interval_seconds = Float(
         3600.0, help="How often retention and blob garbage collection run (0: only on demand)."
     ).tag(config=True)
+    token_cache_seconds = Float(
+        0.5,
+        help="How long a resolved token is trusted without reading the store again."
+        " Revocations by this control plane apply at once; a change another process"
+        " makes to the database is seen at the latest this much later (0: read every time).",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -231,7 +237,7 @@ class GpulayerApp(ExtensionApp):
                              " now only their owner may read them", tightened, data)  # fmt: skip
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
-        tokens = TokenService(store, limiter=limiter)
+        tokens = TokenService(store, limiter=limiter, cache_seconds=self.token_cache_seconds)
         await tokens.bootstrap(data)
         self._state.anonymous_owner = self.jupyter_anonymous_owner or kept_owner(data)
         registry, instruments = prometheus.make_registry()

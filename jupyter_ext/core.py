@@ -42,6 +42,12 @@ from .transitions import retry_or_end, task_end
 SPEC_CACHE = 2048
 
 
+def _filing(spec: JobSpec, key: str) -> Filing:
+    """How the queue index files a job of ``spec`` (shape ``key``)."""
+    placed = None if spec.in_session else gangs.shape_key(spec, key)
+    return Filing(placed, spec.resources, spec.queue_timeout)
+
+
 def new_id() -> str:
     """A fresh job, task or worker id."""
     return uuid.uuid4().hex[:12]
@@ -137,8 +143,9 @@ class Core:
     # ---------------------------------------------------------------- specs
 
     def remember(self, job_id: str, spec: JobSpec) -> None:
-        """Keep a new job's parsed spec."""
-        self._keep(job_id, (spec, shape(spec.resources)))
+        """Keep a new job's parsed spec, and file it in the queue index."""
+        _, key = self._keep(job_id, (spec, shape(spec.resources)))
+        self.queue.file_new(job_id, _filing(spec, key))
 
     def _keep(self, job_id: str, parsed: tuple[JobSpec, str]) -> tuple[JobSpec, str]:
         self._specs[job_id] = parsed
@@ -184,9 +191,7 @@ class Core:
                     parsed = self._parsed(row)
                 if parsed is None:
                     continue  # deleted meanwhile: its change drops it
-                spec, key = parsed
-                placed = None if spec.in_session else gangs.shape_key(spec, key)
-                self.queue.file(ref, Filing(placed, spec.resources, spec.queue_timeout))
+                self.queue.file(ref, _filing(*parsed))
         self.queue.compact()
         return self.queue
 

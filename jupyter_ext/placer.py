@@ -25,7 +25,7 @@ from .placement import (
     JobLabel,
     Usage,
     WorkerView,
-    fit,
+    free_fit,
     job_label,
     placed_report,
     static_misfit,
@@ -52,9 +52,20 @@ class _Pass:
     placed: list[tuple[str, str]] = field(default_factory=list)  # (job id, worker id)
     failed_shapes: set[str] = field(default_factory=set)
     reserved: set[str] = field(default_factory=set)  # workers held for a job that aged
+    taken: set[str] = field(default_factory=set)  # jobs placed in this pass
+    static: dict[str, list[WorkerView]] = field(default_factory=dict)  # by shape
+
+    def able(self, key: str, res: Resources) -> list[WorkerView]:
+        """The (ready) workers that could ever run shape ``key``, worked out once
+        per pass: every job of a shape has the same answer."""
+        able = self.static.get(key)
+        if able is None:
+            able = self.static[key] = [w for w in self.workers if static_misfit(res, w) is None]
+        return able
 
     def take(self, job_id: str, worker_id: str, gpus: list[int]) -> None:
         """Count a task placed on ``worker_id`` in this pass."""
+        self.taken.add(job_id)
         self.usage[worker_id].tasks += 1
         self.usage[worker_id].gpus.update(dict.fromkeys(gpus, job_id))
         self.placed.append((job_id, worker_id))
@@ -101,14 +112,19 @@ class Placer:
         whose head does not fit is not tried again in this pass, and its head, if
         it has waited ``aging_seconds``, reserves the workers that could ever run it."""
         walk = queue.walk()
+        rows: dict[str, JobRecord] = {}
         for entry in walk:
             if p.free_slots <= 0:
                 break
             bucket = walk.bucket
             assert bucket is not None
             if bucket.key not in p.failed_shapes:
-                job = await self._core.store.get_job(entry.ref.id)
-                if job is None or job.state != JobState.queued:
+                job_id = entry.ref.id
+                if job_id not in rows:  # read the rows this bucket may place at once
+                    ahead = walk.ahead(min(p.free_slots, 256))
+                    rows.update((r.id, r) for r in await self._core.store.jobs_by_ids(ahead))
+                job = rows.pop(job_id, None)
+                if job is None or job.state != JobState.queued or job_id in p.taken:
                     walk.next_in_bucket()  # left the queue while the pass ran
                     continue
                 if await self._place(p, job, self._core.spec(job)):
@@ -117,7 +133,7 @@ class Placer:
                 p.failed_shapes.add(bucket.key)
             if p.now - entry.ref.created_at > self._core.settings.aging_seconds:
                 res = bucket.resources
-                p.reserved.update(w.id for w in p.workers if static_misfit(res, w) is None)
+                p.reserved.update(w.id for w in p.able(bucket.key, res))
 
     async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
         """Try ``job`` on the workers not reserved; True when it was placed."""
@@ -130,8 +146,12 @@ class Placer:
             for n in nodes:
                 p.take(job.id, n.worker.id, n.gpus)
             return True
-        for w in sorted(candidates, key=lambda w: (p.usage[w.id].tasks, w.name)):
-            gpus = fit(spec.resources, w, p.usage[w.id])
+        res = spec.resources
+        able = p.able(self._core.shape(job), res)
+        for w in sorted(able, key=lambda w: (p.usage[w.id].tasks, w.name)):
+            if w.id in p.reserved:
+                continue
+            gpus = free_fit(res, w, p.usage[w.id])
             if isinstance(gpus, list):
                 p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
                 latency = max(0.0, p.now - job.updated_at)

@@ -106,11 +106,7 @@ class QueueIndex:
         del self._pending[ref.id]
         entry = self._live[ref.id] = Entry(ref, filing.key)
         if filing.key is not None:
-            b = self._buckets.get((filing.key, ref.priority))
-            if b is None:
-                b = self._buckets[(filing.key, ref.priority)] = Bucket(
-                    filing.key, ref.priority, filing.resources
-                )
+            b = self._bucket(filing, ref.priority)
             if not b.seqs or ref.seq > b.seqs[-1]:
                 b.seqs.append(ref.seq)
                 b.entries.append(entry)
@@ -122,6 +118,26 @@ class QueueIndex:
         if filing.queue_timeout is not None:
             deadline = ref.updated_at + filing.queue_timeout
             heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), entry))
+
+    def file_new(self, job_id: str, filing: Filing) -> None:
+        """File a job just submitted, without the lock: only when it goes at the end
+        of its bucket (a walk in progress may meet it there, never miss or repeat
+        one); otherwise it waits for the next :meth:`Core.settle_queue`."""
+        ref = self._pending.get(job_id)
+        if ref is None:
+            return
+        b = self._buckets.get((filing.key, ref.priority)) if filing.key is not None else None
+        if b is None or not b.seqs or ref.seq > b.seqs[-1]:
+            self.file(ref, filing)
+
+    def _bucket(self, filing: Filing, priority: int) -> Bucket:
+        assert filing.key is not None
+        b = self._buckets.get((filing.key, priority))
+        if b is None:
+            b = self._buckets[(filing.key, priority)] = Bucket(
+                filing.key, priority, filing.resources
+            )
+        return b
 
     def compact(self) -> None:
         """Drop left jobs from the buckets and empty buckets (no walk in progress)."""
@@ -150,7 +166,7 @@ class QueueIndex:
     def due(self, now: float) -> list[Entry]:
         """Filed jobs whose queue deadline is ``now`` or earlier, taken off the
         deadline heap (:meth:`defer` puts one back)."""
-        out = []
+        out: list[Entry] = []
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, entry = heapq.heappop(self._deadlines)
             if self.alive(entry):
@@ -177,6 +193,7 @@ class Walk:
         self._heap: list[tuple[int, int, int, Bucket, list[Entry], int]] = []
         self._tiebreak = itertools.count()
         self._advance = False
+        self._at: tuple[list[Entry], int] = ([], 0)
         self.bucket: Bucket | None = None
         for b in buckets:
             self._push(b, b.entries, -1)
@@ -192,7 +209,7 @@ class Walk:
     def __iter__(self) -> Iterator[Entry]:
         while self._heap:
             _, _, _, b, entries, i = heapq.heappop(self._heap)
-            self.bucket, self._advance = b, False
+            self.bucket, self._advance, self._at = b, False, (entries, i)
             yield entries[i]
             if self._advance:
                 self._push(b, entries, i)
@@ -200,3 +217,15 @@ class Walk:
     def next_in_bucket(self) -> None:
         """Go on with the bucket of the job just yielded."""
         self._advance = True
+
+    def ahead(self, n: int) -> list[str]:
+        """The ids of the job just yielded and of up to ``n - 1`` queued after it in
+        its bucket: the rows a pass that places them will read."""
+        entries, i = self._at
+        out: list[str] = []
+        for e in itertools.islice(entries, i, None):
+            if len(out) >= n:
+                break
+            if self._index.alive(e):
+                out.append(e.ref.id)
+        return out

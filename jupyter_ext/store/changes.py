@@ -38,10 +38,11 @@ WHEN OLD.state = 'queued' BEGIN
                       OLD.updated_at, OLD.owner);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_token_updated AFTER UPDATE ON main.tokens BEGIN
-    SELECT gl_changed('token', NEW.id);
+    SELECT gl_changed('token', NEW.id,
+                      NEW.revoked_at IS NOT NULL OR NEW.used_at IS NOT NULL);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_token_deleted AFTER DELETE ON main.tokens BEGIN
-    SELECT gl_changed('token', OLD.id);
+    SELECT gl_changed('token', OLD.id, 1);
 END;
 """
 
@@ -61,8 +62,9 @@ class QueuedRef:
 
 #: Called with the job ids whose queue membership changed, in commit order.
 QueueListener = Callable[[list[tuple[str, QueuedRef | None]]], None]
-#: Called with the ids of tokens whose rows changed (revoked, used, role, deleted).
-TokenListener = Callable[[list[str]], None]
+#: Called with ``(token id, ended)`` for every token row a commit changed: ``ended``
+#: when it is now revoked, used or deleted (else another column changed, a role).
+TokenListener = Callable[[list[tuple[str, bool]]], None]
 
 
 class QueuedJobs:
@@ -134,13 +136,13 @@ class Journal:
 
 def split(
     calls: list[tuple[Any, ...]],
-) -> tuple[list[tuple[str, QueuedRef | None]], list[str]]:
-    """Journal calls as queue changes and changed token ids."""
+) -> tuple[list[tuple[str, QueuedRef | None]], list[tuple[str, bool]]]:
+    """Journal calls as queue changes and token changes."""
     jobs: list[tuple[str, QueuedRef | None]] = []
-    tokens: list[str] = []
+    tokens: list[tuple[str, bool]] = []
     for kind, item_id, *rest in calls:
         if kind == "token":
-            tokens.append(item_id)
+            tokens.append((item_id, bool(rest[0])))
             continue
         state, priority, seq, created_at, updated_at, owner = rest
         ref = QueuedRef(item_id, priority, seq, created_at, updated_at, owner)
