@@ -45,7 +45,7 @@ SPEC_CACHE = 2048
 def _filing(spec: JobSpec, key: str) -> Filing:
     """How the queue index files a job of ``spec`` (shape ``key``)."""
     placed = None if spec.in_session else gangs.shape_key(spec, key)
-    return Filing(placed, spec.resources, spec.queue_timeout)
+    return Filing(placed, spec.resources, spec.queue_timeout, gangs.is_gang(spec))
 
 
 def new_id() -> str:

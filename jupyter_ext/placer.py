@@ -32,7 +32,7 @@ from .placement import (
     usage_by_worker,
     waiting_report,
 )
-from .queue import QueueIndex
+from .queue import Entry, QueueIndex, Walk
 from .sessions import Sessions
 from .store import JobRecord, Statement
 from .transitions import placed_on
@@ -119,46 +119,63 @@ class Placer:
             bucket = walk.bucket
             assert bucket is not None
             if bucket.key not in p.failed_shapes:
-                job_id = entry.ref.id
-                if job_id not in rows:  # read the rows this bucket may place at once
-                    ahead = walk.ahead(min(p.free_slots, 256))
-                    rows.update((r.id, r) for r in await self._core.store.jobs_by_ids(ahead))
-                job = rows.pop(job_id, None)
-                if job is None or job.state != JobState.queued or job_id in p.taken:
-                    walk.next_in_bucket()  # left the queue while the pass ran
-                    continue
-                if await self._place(p, job, self._core.spec(job)):
+                placed = await self._head(p, walk, entry, rows)
+                if placed is not False:  # placed, or it left the queue meanwhile
                     walk.next_in_bucket()
                     continue
                 p.failed_shapes.add(bucket.key)
             if p.now - entry.ref.created_at > self._core.settings.aging_seconds:
-                res = bucket.resources
-                p.reserved.update(w.id for w in p.able(bucket.key, res))
+                p.reserved.update(w.id for w in p.able(bucket.key, bucket.resources))
 
-    async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
-        """Try ``job`` on the workers not reserved; True when it was placed."""
-        candidates = [w for w in p.workers if w.id not in p.reserved]
-        if gangs.is_gang(spec):
-            nodes = gangs.choose(spec, candidates, p.usage)
-            if nodes is None or len(nodes) > p.free_slots:
-                return False
-            p.stmts += await self._gang(job, spec, nodes, p.now)
-            for n in nodes:
-                p.take(job.id, n.worker.id, n.gpus)
-            return True
-        res = spec.resources
-        able = p.able(self._core.shape(job), res)
-        for w in sorted(able, key=lambda w: (p.usage[w.id].tasks, w.name)):
+    async def _head(
+        self, p: _Pass, walk: Walk, entry: Entry, rows: dict[str, JobRecord]
+    ) -> bool | None:
+        """Place the job ``entry``, the head of its bucket: True when placed, False
+        when it (so its shape) fits nowhere now, None when it left the queue. A
+        single-task job's fit is decided on its bucket's requirements before its
+        row is read; the rows of the jobs the bucket may place are read at once."""
+        bucket = walk.bucket
+        assert bucket is not None
+        spot = None if bucket.gang else self._spot(p, bucket.key, bucket.resources)
+        if spot is None and not bucket.gang:
+            return False
+        job_id = entry.ref.id
+        if job_id not in rows:
+            ahead = walk.ahead(min(p.free_slots, 256))
+            rows.update((r.id, r) for r in await self._core.store.jobs_by_ids(ahead))
+        job = rows.pop(job_id, None)
+        if job is None or job.state != JobState.queued or job_id in p.taken:
+            return None
+        if spot is None:
+            return await self._place_gang(p, job, self._core.spec(job))
+        w, gpus = spot
+        p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
+        self._core.instruments.placement_latency.observe(max(0.0, p.now - job.updated_at))
+        p.take(job.id, w.id, gpus)
+        return True
+
+    @staticmethod
+    def _spot(p: _Pass, key: str, res: Resources) -> tuple[WorkerView, list[int]] | None:
+        """Where a task of shape ``key`` goes now: among the workers not reserved
+        that fit, the one with the fewest active tasks, then by name."""
+        for w in sorted(p.able(key, res), key=lambda w: (p.usage[w.id].tasks, w.name)):
             if w.id in p.reserved:
                 continue
             gpus = free_fit(res, w, p.usage[w.id])
             if isinstance(gpus, list):
-                p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
-                latency = max(0.0, p.now - job.updated_at)
-                self._core.instruments.placement_latency.observe(latency)
-                p.take(job.id, w.id, gpus)
-                return True
-        return False
+                return w, gpus
+        return None
+
+    async def _place_gang(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
+        """Place every node of a gang on the workers not reserved, or none."""
+        candidates = [w for w in p.workers if w.id not in p.reserved]
+        nodes = gangs.choose(spec, candidates, p.usage)
+        if nodes is None or len(nodes) > p.free_slots:
+            return False
+        p.stmts += await self._gang(job, spec, nodes, p.now)
+        for n in nodes:
+            p.take(job.id, n.worker.id, n.gpus)
+        return True
 
     async def _gang(
         self, job: JobRecord, spec: JobSpec, nodes: list[gangs.Node], now: float

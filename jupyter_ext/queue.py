@@ -56,6 +56,8 @@ class Bucket:
     priority: int
     #: The shape's requirements (the same for every job here).
     resources: Resources
+    #: Whether its jobs are gangs (placed all nodes or none, ``gangs.py``).
+    gang: bool
     seqs: list[int] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
     live: int = 0
@@ -68,6 +70,7 @@ class Filing:
     key: str | None
     resources: Resources
     queue_timeout: float | None
+    gang: bool = False
 
 
 class QueueIndex:
@@ -135,7 +138,7 @@ class QueueIndex:
         b = self._buckets.get((filing.key, priority))
         if b is None:
             b = self._buckets[(filing.key, priority)] = Bucket(
-                filing.key, priority, filing.resources
+                filing.key, priority, filing.resources, filing.gang
             )
         return b
 
