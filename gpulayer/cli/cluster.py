@@ -201,6 +201,11 @@ class LocalCluster:
         """The control plane's process id (None while it is not running)."""
         return None if self._server is None else self._server.pid
 
+    def worker_pid(self, name: str) -> int | None:
+        """The process id of the local worker ``name`` (None when it is not running)."""
+        proc = self._workers.get(name)
+        return None if proc is None or proc.poll() is not None else proc.pid
+
     @property
     def log_dir(self) -> Path:
         """Where the subprocesses' output goes."""
