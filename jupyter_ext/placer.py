@@ -146,6 +146,8 @@ class Placer:
         job = rows.pop(job_id, None)
         if job is None or job.state != JobState.queued or job_id in p.taken:
             return None
+        if not self._core.queue.alive(entry):  # a row read ahead may be stale
+            return None
         if spot is None:
             return await self._place_gang(p, job, self._core.spec(job))
         w, gpus = spot
