@@ -13,11 +13,14 @@ returns to its caller: after ``await store.apply(...)`` the read models agree
 with the file.
 """
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: Temp triggers calling ``gl_changed``: a job entering, leaving or re-entering the
 #: queue, and any change of a token row.
@@ -100,8 +103,7 @@ class QueuedJobs:
             if ref is not None:
                 self.refs[job_id] = ref
                 self._owners[ref.owner] += 1
-        for listener in self._listeners:
-            listener(changes)
+        notify(self._listeners, changes)
 
 
 class Journal:
@@ -132,6 +134,16 @@ class Journal:
         with self._lock:
             done, self._done = self._done, []
         return done
+
+
+def notify(listeners: "list[Callable[[Any], None]]", changes: Any) -> None:
+    """Call each listener with ``changes``; one that fails is logged, never raised:
+    the transaction has committed, and its writer must not be told it failed."""
+    for listener in listeners:
+        try:
+            listener(changes)
+        except Exception:
+            log.exception("a listener of committed changes failed")
 
 
 def split(

@@ -23,7 +23,7 @@ import aiosqlite
 
 from gpulayer.errors import Conflict, StorageError, storage_error
 
-from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, split
+from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, notify, split
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
 
@@ -91,8 +91,7 @@ class Database:
         if jobs:
             self.queued.apply(jobs)
         if tokens:
-            for listener in self._token_listeners:
-                listener(tokens)
+            notify(self._token_listeners, tokens)
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""
