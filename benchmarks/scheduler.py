@@ -137,6 +137,50 @@ async def in_process(n_jobs: int, n_workers: int, samples: int, seed: int) -> di
     }  # fmt: skip
 
 
+async def queue_length(lengths: list[int], samples: int) -> dict:
+    """A submit's placement pass, and a pass after a completion, with ``n`` jobs queued
+    that cannot fit (each wants the one GPU, which a running job holds) for each ``n``
+    in ``lengths``; the timed jobs need no GPU and are placed at once. The queue is
+    filled straight through the store (no pass per batch), then one untimed pass."""
+    from jupyter_ext.core import Quotas
+
+    out = {}
+    for n in lengths:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = await Store(Path(tmp) / "bench.db").open()
+            quotas = Quotas(queued_jobs_per_owner=10**7)
+            sched = ControlPlane(store, BlobStore(Path(tmp) / "blobs"), Notifier(),
+                                 TokenService(store), quotas=quotas)  # fmt: skip
+            reg = WorkerRegistration(name="box", hostname="box", cpus=32, memory_bytes=64 << 30,
+                                     devices=parse_simulated("1xA100-80GB"), slots=4,
+                                     version="bench")  # fmt: skip
+            await sched.workers.register(reg)
+            gpu = JobSpec(command=["true"], resources={"gpus": 1})
+            await sched.jobs.submit(gpu, "bench")  # holds the GPU from now on
+            spec_json, now = gpu.model_dump_json(), time.time()
+            for start in range(0, n, 5000):
+                stmts = []
+                for i in range(start, min(n, start + 5000)):
+                    stmts += transitions.submitted(now, f"q{i:08d}", spec_json, "bench", 0)
+                await store.apply(stmts)
+            await sched.placer.schedule()  # untimed: reads what the fill stored
+            submit_ms, pass_ms = [], []
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                job = await sched.jobs.submit(JobSpec(command=["true"]), "bench")
+                submit_ms.append((time.perf_counter() - t0) * 1000)
+                assert job.state == JobState.scheduled, job.state
+                await sched.jobs.cancel(job.id, "bench")  # its slot is free again
+                t0 = time.perf_counter()
+                await sched.placer.schedule()
+                pass_ms.append((time.perf_counter() - t0) * 1000)
+            await store.close()
+        out[str(n)] = {"submit_ms": _stats(submit_ms), "pass_ms": _stats(pass_ms)}
+        print(f"  {n} queued: submit p50 {out[str(n)]['submit_ms']['p50']:.1f} ms,"
+              f" pass p50 {out[str(n)]['pass_ms']['p50']:.1f} ms", file=sys.stderr)  # fmt: skip
+    return out
+
+
 def over_http(n_workers: int, n_jobs: int) -> dict:
     """Throughput with real worker processes (simulated GPUs) through HTTP."""
     from gpulayer.cli.cluster import LocalCluster
@@ -167,6 +211,21 @@ def over_http(n_workers: int, n_jobs: int) -> dict:
     }  # fmt: skip
 
 
+def _baseline(args: argparse.Namespace) -> dict:
+    """The queue-length section run against the gpulayer in ``args.baseline``."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "baseline.json"
+        cmd = [sys.executable, __file__, "--skip-full", "--skip-http", "--out", str(out),
+               "--queue-samples", str(args.queue_samples), "--queue-lengths",
+               *map(str, args.queue_lengths)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+        print(f"baseline: {args.baseline} ...", file=sys.stderr)
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+        return dict(json.loads(out.read_text())["queue_length"])
+
+
 def _stats(ms: list[float]) -> dict:
     if not ms:
         return {}
@@ -183,6 +242,18 @@ def main() -> int:
     ap.add_argument("--http-workers", type=int, default=20)
     ap.add_argument("--http-jobs", type=int, default=400)
     ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument(
+        "--queue-lengths",
+        type=int,
+        nargs="*",
+        default=[1000, 10000, 30000],
+        help="queue lengths for the submit/pass latency section (none: skip it)",
+    )
+    ap.add_argument("--queue-samples", type=int, default=20)
+    ap.add_argument("--skip-full", action="store_true", help="skip the in-process section")
+    ap.add_argument("--baseline", type=Path, metavar="TREE",
+                    help="also run the queue-length section against the gpulayer in TREE"
+                    " (e.g. `git archive BASE | tar -x -C TREE`), in the same run")  # fmt: skip
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results/scheduler.json")
     args = ap.parse_args()
@@ -192,6 +263,28 @@ def main() -> int:
         "cpus": os.cpu_count(), "load": os.getloadavg()[0],
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
+    if args.queue_lengths:
+        print("queue length ...", file=sys.stderr)
+        q = result["queue_length"] = asyncio.run(
+            queue_length(args.queue_lengths, args.queue_samples)
+        )
+        base = result["baseline_queue_length"] = _baseline(args) if args.baseline else {}
+        print("\n## Queue length: a submit's pass and a completion's pass\n")
+        print("| queued (none fit) | submit p50 / p90 | pass p50 / p90 |"
+              + (" baseline submit p50 | baseline pass p50 |" if base else "")
+              + "\n|---:|---:|---:|" + ("---:|---:|" if base else ""))  # fmt: skip
+        for n, row in q.items():
+            sm, pm = row["submit_ms"], row["pass_ms"]
+            line = (f"| {n} | {sm['p50']:.1f} / {sm['p90']:.1f} ms"
+                    f" | {pm['p50']:.1f} / {pm['p90']:.1f} ms |")  # fmt: skip
+            if n in base:
+                b = base[n]
+                line += f" {b['submit_ms']['p50']:.1f} ms | {b['pass_ms']['p50']:.1f} ms |"
+            print(line)
+    if args.skip_full:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     print(f"in process: {args.jobs} queued jobs, {args.workers} workers ...", file=sys.stderr)
     ip = result["in_process"] = asyncio.run(
         in_process(args.jobs, args.workers, args.samples, args.seed)

@@ -207,6 +207,12 @@ class GpulayerApp(ExtensionApp):
         help="Answers a live channel's peer has not taken yet, at most; past it the channel"
         " is closed (4408) and the peer resumes from its offsets.",
     ).tag(config=True)
+    token_cache_seconds = Float(
+        0.5,
+        help="How long a resolved token is trusted without reading the store again."
+        " Revocations by this control plane apply at once; a change another process"
+        " makes to the database is seen at the latest this much later (0: read every time).",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -312,7 +318,7 @@ class GpulayerApp(ExtensionApp):
                              " now only their owner may read them", tightened, data)  # fmt: skip
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
-        tokens = TokenService(store, limiter=limiter)
+        tokens = TokenService(store, limiter=limiter, cache_seconds=self.token_cache_seconds)
         await tokens.bootstrap(data)
         self._state.anonymous_owner = self.jupyter_anonymous_owner or kept_owner(data)
         registry, instruments = prometheus.make_registry()

@@ -24,16 +24,25 @@ whatever the owner's role, revoked in the transaction that ends the task.
 
 Revocation is immediate: the next request with the token is 401, and a long
 poll that is open when it is revoked (or expires) ends with 401 at once
-(:meth:`TokenService.until_invalid`). Failed logins are counted per client
-address (:class:`LoginLimiter`); over the limit, further *bad* tokens from that
-address are answered 429 until the window has passed, while a valid token is
-always served (many users, and the local worker, may share one address).
+(:meth:`TokenService.until_invalid`). Resolved tokens are cached for
+``cache_seconds`` (0.5 s), so a request does not read the store each time
+(docs/adr/0115): every change of a token row this process commits (a revoke, a
+single use, a task's token ending) drops its entry at once, through the store's
+change journal, an expiry is checked on every hit, and a change made by another
+process is read at the latest ``cache_seconds`` later. :meth:`TokenService.on_revoked`
+tells other parts (open channels) when a token is revoked or expires.
+
+Failed logins are counted per client address (:class:`LoginLimiter`); over the
+limit, further *bad* tokens from that address are answered 429 until the window
+has passed, while a valid token is always served (many users, and the local
+worker, may share one address).
 """
 
 import asyncio
 import functools
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import time
@@ -50,12 +59,21 @@ from gpulayer.errors import AuthError, Conflict, Forbidden, NotFound, RateLimite
 from .store import Statement, Store, TokenRecord, as_datetime, as_optional_datetime
 from .store.writes import insert_token
 
+log = logging.getLogger(__name__)
+
 ROLES = ("admin", "submitter", "viewer", "join", "worker")
 #: Roles an admin may mint; ``worker`` tokens come only from registration.
 MINTABLE_ROLES = ("admin", "submitter", "viewer", "join")
 TOKEN_PREFIX = "gl_"
 #: Names of provider instances' join tokens: ``instance:<worker name>``.
 INSTANCE_TOKEN_PREFIX = "instance:"
+#: How long a resolved token is trusted without reading the store again (a change
+#: made by another process is seen at the latest this much later).
+CACHE_SECONDS = 0.5
+#: Resolved tokens cached at most (the least recently used are forgotten).
+CACHE_ENTRIES = 4096
+#: Called with a token id when that token is revoked, used up or expires.
+RevokedCallback = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -152,11 +170,21 @@ class TokenService:
         store: Store,
         clock: Callable[[], float] = time.time,
         limiter: LoginLimiter | None = None,
+        *,
+        cache_seconds: float = CACHE_SECONDS,
     ) -> None:
         self.store = store
         self.clock = clock
         self.limiter = limiter or LoginLimiter(failures=0)
+        self.cache_seconds = cache_seconds
         self._watchers: dict[str, set[asyncio.Future[str]]] = defaultdict(set)
+        # token hash -> (principal, monotonic time read); token id -> hash
+        self._cache: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._hashes: dict[str, str] = {}
+        self._callbacks: list[RevokedCallback] = []
+        self._expiries: dict[str, asyncio.TimerHandle] = {}
+        self._why: dict[str, str] = {}
+        store.on_token_change(self._changed)
 
     # ------------------------------------------------------------- minting
 
@@ -284,6 +312,14 @@ class TokenService:
 
     async def _resolve(self, token: str) -> Principal:
         digest = hash_token(token)
+        cached = self._cache.get(digest)
+        if cached is not None and time.monotonic() - cached[1] < self.cache_seconds:
+            principal = cached[0]
+            if principal.expires_at is not None and principal.expires_at <= self.clock():
+                self._drop(principal.token_id)
+                raise AuthError(f"token {principal.name!r} {_STATE_TEXT['expired']}")
+            self._cache.move_to_end(digest)
+            return principal
         row = await self.store.token_by_hash(digest)
         # The lookup is by hash; compare again in constant time all the same.
         if row is None or not hmac.compare_digest(row.hash, digest):
@@ -291,7 +327,7 @@ class TokenService:
         state = self._state(row)
         if state != "active":
             raise AuthError(f"token {row.name!r} {_STATE_TEXT[state]}")
-        return Principal(
+        principal = Principal(
             name=row.name,
             role=row.role,
             token_id=row.id,
@@ -300,6 +336,65 @@ class TokenService:
             single_use=row.single_use,
             instance_worker=_instance_worker(row),
         )
+        if not row.single_use:  # a single-use token is read each time: its use ends it
+            self._remember(digest, principal)
+        return principal
+
+    def _remember(self, digest: str, principal: Principal) -> None:
+        """Cache a resolved token, and arm its expiry for :meth:`on_revoked`."""
+        token_id = principal.token_id
+        assert token_id is not None
+        self._cache[digest] = (principal, time.monotonic())
+        self._cache.move_to_end(digest)
+        self._hashes[token_id] = digest
+        while len(self._cache) > CACHE_ENTRIES:
+            _, (old, _) = self._cache.popitem(last=False)
+            self._hashes.pop(old.token_id or "", None)
+        if principal.expires_at is not None and token_id not in self._expiries:
+            delay = max(0.0, principal.expires_at - self.clock())
+            loop = asyncio.get_running_loop()
+            self._expiries[token_id] = loop.call_later(delay, self._expired, token_id)
+
+    def _drop(self, token_id: str | None) -> None:
+        """Forget the cached principal of ``token_id`` (read it again next time)."""
+        digest = self._hashes.pop(token_id or "", None)
+        if digest is not None:
+            self._cache.pop(digest, None)
+
+    def _expired(self, token_id: str) -> None:
+        self._expiries.pop(token_id, None)
+        self._ended(token_id, _STATE_TEXT["expired"])
+
+    def _changed(self, changes: list[tuple[str, bool]]) -> None:
+        """The store committed changes of these token rows (any process of ours)."""
+        for token_id, ended in changes:
+            self._drop(token_id)
+            if ended:
+                self._ended(token_id, self._why.pop(token_id, _STATE_TEXT["revoked"]))
+
+    def _ended(self, token_id: str, why: str) -> None:
+        """``token_id`` was revoked, used or expired: forget it, end its long polls
+        and tell :meth:`on_revoked`'s callbacks."""
+        self._drop(token_id)
+        timer = self._expiries.pop(token_id, None)
+        if timer is not None:
+            timer.cancel()
+        for fut in self._watchers.pop(token_id, ()):
+            if not fut.done():
+                fut.set_result(why)
+        for callback in list(self._callbacks):
+            try:
+                callback(token_id)
+            except Exception:  # one bad listener must not keep the others uninformed
+                log.exception("on_revoked callback for token %s failed", token_id)
+
+    def on_revoked(self, callback: RevokedCallback) -> Callable[[], None]:
+        """Call ``callback(token_id)`` whenever a token is revoked (by this control
+        plane: ``DELETE tokens``, a worker registering again, a task's token ending
+        with its task), used up, or expires (one that was resolved here). Returns a
+        function that stops the calls. Open channels of the token close on it."""
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
 
     async def use(self, principal: Principal) -> None:
         """Consume a single-use token (a no-op for reusable ones).
@@ -336,7 +431,7 @@ class TokenService:
             if principal.expires_at is not None:
                 timeout = max(0.0, principal.expires_at - self.clock())
             try:
-                return await asyncio.wait_for(fut, timeout)
+                return f"token {principal.name!r} {await asyncio.wait_for(fut, timeout)}"
             except TimeoutError:
                 return f"token {principal.name!r} has expired"
         finally:
@@ -363,21 +458,25 @@ class TokenService:
         rows = [r for r in await self.store.tokens_named(name) if self._state(r) == "active"]
         if not rows:
             raise NotFound(f"no active token named {name!r}")
-        await self._revoke([r.id for r in rows], f"token {name!r} was revoked")
+        await self._revoke([r.id for r in rows], _STATE_TEXT["revoked"])
         return [self._model(r) for r in await self.store.tokens_named(name)]
 
     async def revoke_worker(self, worker_id: str) -> None:
         """Revoke a worker's session tokens (it registered again)."""
         ids = await self.store.worker_token_ids(worker_id)
         if ids:
-            await self._revoke(ids, "the worker registered again with a new token")
+            await self._revoke(ids, "was replaced: the worker registered again")
 
     async def _revoke(self, token_ids: list[str], why: str) -> None:
-        await self.store.revoke_tokens(token_ids, self.clock())
+        """Revoke tokens; their cache entries, long polls and callbacks end as the
+        store reports the change (:meth:`_changed`), with ``why``."""
         for token_id in token_ids:
-            for fut in self._watchers.pop(token_id, ()):
-                if not fut.done():
-                    fut.set_result(why)
+            self._why[token_id] = why
+        try:
+            await self.store.revoke_tokens(token_ids, self.clock())
+        finally:
+            for token_id in token_ids:
+                self._why.pop(token_id, None)
 
     # ------------------------------------------------------------ bootstrap
 

@@ -33,7 +33,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from gpulayer.contracts import InstanceState, JobSpec, Offer, Provisioning, WorkerState
+from gpulayer.contracts import InstanceState, JobSpec, JobState, Offer, Provisioning, WorkerState
 
 from . import gangs
 from .core import Core
@@ -47,6 +47,8 @@ from .store import InstanceRecord, JobRecord
 log = logging.getLogger(__name__)
 
 _S = InstanceState
+#: Queued jobs of each placement shape the autoscaler reads for its demand.
+_PER_SHAPE = 64
 BACKOFF_FIRST_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 300.0
 
@@ -181,14 +183,18 @@ class Autoscaler:
 
     async def _demand(self, now: float) -> None:
         core = self._core
-        if not self.providers or not await core.store.any_queued():
+        if not self.providers or not len(core.queue):
             return
         active = await core.store.active_instances()
         in_flight = [r for r in active if r.state in (_S.provisioning, _S.booting)]
         claimed = {j for r in in_flight for j in r.job_ids}
         views = [w for w in await core.fleet.views() if w.state != WorkerState.offline]
         counts = Counter(r.provider for r in active)
-        queued = [j async for j in core.store.queued_jobs()]
+        # The oldest jobs of each shape speak for it (queue.py): never the whole queue.
+        rows = await core.store.jobs_by_ids(core.queue.sample(_PER_SHAPE))
+        queued = sorted(
+            (j for j in rows if j.state == JobState.queued), key=lambda j: (-j.priority, j.seq)
+        )
         specs = {j.id: core.spec(j) for j in queued}
         for job in queued:
             spec = specs[job.id]

@@ -13,7 +13,7 @@ Job (and task) states are changed only through :mod:`jupyter_ext.transitions`.
 import asyncio
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -32,10 +32,21 @@ from .fleet import Fleet
 from .placement import shape
 from .prometheus import Instruments
 from .provisioning import Board
+from .queue import Filing, QueueIndex
 from .store import JobRecord, Statement, Store, TaskRecord
 from .store.writes import append_system_line
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import retry_or_end, task_end
+
+#: Parsed specs kept at most (the least recently used are parsed again when needed):
+#: a control plane with 100,000 stored jobs keeps no 100,000 specs in memory.
+SPEC_CACHE = 2048
+
+
+def _filing(spec: JobSpec, key: str) -> Filing:
+    """How the queue index files a job of ``spec`` (shape ``key``)."""
+    placed = None if spec.in_session else gangs.shape_key(spec, key)
+    return Filing(placed, spec.resources, spec.queue_timeout, gangs.is_gang(spec))
 
 
 def new_id() -> str:
@@ -127,14 +138,24 @@ class Core:
         self.board = Board()
         # One placement or state change at a time.
         self.lock = asyncio.Lock()
-        # Parsed once: specs never change.
-        self._specs: dict[str, tuple[JobSpec, str]] = {}
+        # Parsed once while in use: specs never change.
+        self._specs: OrderedDict[str, tuple[JobSpec, str]] = OrderedDict()
+        #: Queued jobs by placement shape and by queue deadline.
+        self.queue = QueueIndex(store.queued)
 
     # ---------------------------------------------------------------- specs
 
     def remember(self, job_id: str, spec: JobSpec) -> None:
-        """Keep a new job's parsed spec."""
-        self._specs[job_id] = (spec, shape(spec.resources))
+        """Keep a new job's parsed spec, and file it in the queue index."""
+        _, key = self._keep(job_id, (spec, shape(spec.resources)))
+        self.queue.file_new(job_id, _filing(spec, key))
+
+    def _keep(self, job_id: str, parsed: tuple[JobSpec, str]) -> tuple[JobSpec, str]:
+        self._specs[job_id] = parsed
+        self._specs.move_to_end(job_id)
+        while len(self._specs) > SPEC_CACHE:
+            self._specs.popitem(last=False)
+        return parsed
 
     def forget(self, job_id: str) -> None:
         """Drop a deleted job's parsed spec."""
@@ -152,8 +173,30 @@ class Core:
         cached = self._specs.get(job.id)
         if cached is None:
             spec = JobSpec.model_validate_json(job.spec_json, context=STORED)
-            cached = self._specs[job.id] = (spec, shape(spec.resources))
+            return self._keep(job.id, (spec, shape(spec.resources)))
+        self._specs.move_to_end(job.id)
         return cached
+
+    async def settle_queue(self) -> QueueIndex:
+        """The queue index with every queued job filed in its bucket (lock held):
+        the specs of jobs queued since the last call are read (from memory when
+        just submitted, else from the store, 500 at a time)."""
+        pending = self.queue.pending()
+        if pending:
+            missing = [r.id for r in pending if r.id not in self._specs]
+            rows: dict[str, JobRecord] = {}
+            for i in range(0, len(missing), 500):
+                rows.update((r.id, r) for r in await self.store.jobs_by_ids(missing[i : i + 500]))
+            for ref in pending:
+                parsed = self._specs.get(ref.id)
+                row = rows.get(ref.id)
+                if parsed is None and row is not None:
+                    parsed = self._parsed(row)
+                if parsed is None:
+                    continue  # deleted meanwhile: its change drops it
+                self.queue.file(ref, _filing(*parsed))
+        self.queue.compact()
+        return self.queue
 
     # ---------------------------------------------------------------- reads
 

@@ -208,7 +208,7 @@ class Jobs:
     async def _check_queue_quota(self, owner: str, more: int) -> None:
         """Refuse jobs that would take ``owner`` past its queued-jobs quota."""
         most = self._core.quotas.queued_jobs_per_owner
-        queued = await self._core.store.count_jobs([JobState.queued], owner)
+        queued = self._core.store.queued.count(owner)
         if queued + more > most:
             raise QuotaExceeded(
                 f"{owner!r} has {queued} queued jobs; at most {most} may wait at once"

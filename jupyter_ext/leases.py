@@ -17,7 +17,7 @@ from .core import Core
 from .jobs import Jobs
 from .placer import Placer
 from .sessions import Sessions
-from .store import JobRecord, Statement, TaskRecord, WorkerRecord
+from .store import Statement, TaskRecord, WorkerRecord
 from .transitions import queue_timed_out, unplaced
 from .workers import Workers
 
@@ -67,24 +67,39 @@ class Leases:
 
     async def _queue_timeouts(self, now: float) -> list[str]:
         """End the jobs still queued after their ``queue_timeout`` (measured from when
-        they last entered the queue); returns their ids."""
+        they last entered the queue); returns their ids. Only the jobs whose
+        deadline passed are read (the queue index keeps them by deadline)."""
         core = self._core
-        due: list[tuple[JobRecord, float]] = []
-        async for job in core.store.queued_jobs():
-            limit = core.spec(job).queue_timeout
-            if limit is not None and now - job.updated_at >= limit:
-                due.append((job, limit))
+        async with core.lock:
+            queue = await core.settle_queue()
+            due = queue.due(now)
         ended = []
-        for job, limit in due:
-            why = await self._placer.why_waiting(job)
-            async with core.lock:
-                row = await core.store.get_job(job.id)
-                if row is None or row.state != JobState.queued or row.updated_at != job.updated_at:
-                    continue  # placed (or cancelled) meanwhile
-                await core.store.apply(queue_timed_out(now, row, limit, why))
-            log.info("job %s: still queued after its queue timeout", job.id)
-            ended.append(job.id)
+        for entry in due:
+            try:
+                if await self._queue_timeout(entry.ref.id, now):
+                    ended.append(entry.ref.id)
+            finally:  # one that is still queued (a failure here) is due again next sweep
+                core.queue.defer(entry, now)
         return ended
+
+    async def _queue_timeout(self, job_id: str, now: float) -> bool:
+        """End a job whose queue deadline passed, unless it left the queue; True
+        when it ended."""
+        core = self._core
+        job = await core.store.get_job(job_id)
+        if job is None or job.state != JobState.queued:
+            return False
+        limit = core.spec(job).queue_timeout
+        if limit is None or now - job.updated_at < limit:
+            return False
+        why = await self._placer.why_waiting(job)
+        async with core.lock:
+            row = await core.store.get_job(job.id)
+            if row is None or row.state != JobState.queued or row.updated_at != job.updated_at:
+                return False  # placed (or cancelled) meanwhile
+            await core.store.apply(queue_timed_out(now, row, limit, why))
+        log.info("job %s: still queued after its queue timeout", job.id)
+        return True
 
     async def _mark_silent(self, w: WorkerRecord, now: float) -> None:
         """Move a worker that stopped heartbeating to ``unhealthy``, then ``offline``."""

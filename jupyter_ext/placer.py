@@ -26,13 +26,14 @@ from .placement import (
     JobLabel,
     Usage,
     WorkerView,
-    fit,
+    free_fit,
     job_label,
     placed_report,
     static_misfit,
     usage_by_worker,
     waiting_report,
 )
+from .queue import Entry, QueueIndex, Walk
 from .sessions import Sessions
 from .store import JobRecord, Statement
 from .transitions import placed_on
@@ -52,9 +53,20 @@ class _Pass:
     placed: list[tuple[str, str]] = field(default_factory=list)  # (job id, worker id)
     failed_shapes: set[str] = field(default_factory=set)
     reserved: set[str] = field(default_factory=set)  # workers held for a job that aged
+    taken: set[str] = field(default_factory=set)  # jobs placed in this pass
+    static: dict[str, list[WorkerView]] = field(default_factory=dict)  # by shape
+
+    def able(self, key: str, res: Resources) -> list[WorkerView]:
+        """The (ready) workers that could ever run shape ``key``, worked out once
+        per pass: every job of a shape has the same answer."""
+        able = self.static.get(key)
+        if able is None:
+            able = self.static[key] = [w for w in self.workers if static_misfit(res, w) is None]
+        return able
 
     def take(self, job_id: str, worker_id: str, gpus: list[int]) -> None:
         """Count a task placed on ``worker_id`` in this pass."""
+        self.taken.add(job_id)
         self.usage[worker_id].tasks += 1
         self.usage[worker_id].gpus.update(dict.fromkeys(gpus, job_id))
         self.placed.append((job_id, worker_id))
@@ -73,12 +85,13 @@ class Placer:
     async def schedule(self) -> int:
         """Place every queued job that fits; returns how many were placed.
 
-        One pass in placement order. Requirements that failed everywhere in this
-        pass are not tried again for later jobs (usage only grows within a pass),
-        and the pass stops as soon as no worker has a free slot.
+        One pass in placement order over the queue index (``queue.py``): the
+        head of each shape's bucket first, a bucket going on only while its jobs
+        are placed, so a pass costs O(shapes + placed), not O(queued). The pass
+        stops as soon as no worker has a free slot.
         """
         core = self._core
-        if not await core.store.any_queued():  # the usual case after a completion
+        if not len(core.queue):  # the usual case after a completion
             return 0
         async with core.lock:
             now = core.clock()
@@ -88,10 +101,7 @@ class Placer:
             free = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
             p = _Pass(now, workers, usage, free, stmts, cells)
             if free > 0:  # a full cluster reads no queue at all
-                async for job in core.store.queued_jobs():
-                    if p.free_slots <= 0:
-                        break
-                    await self._consider(p, job)
+                await self._walk(p, await core.settle_queue())
             if p.stmts:
                 await core.store.apply(p.stmts)
         for job_id, worker_id in p.placed:
@@ -117,45 +127,93 @@ class Placer:
             core.notify_job(job_id)
         return len(cells)
 
-    async def _consider(self, p: _Pass, job: JobRecord) -> None:
-        """Place ``job`` in pass ``p`` if it fits; an aged job that does not fit
-        reserves the workers that could ever run it."""
-        spec = self._core.spec(job)
-        if spec.in_session:
-            return  # placed by the session pass, once its session runs
-        key = gangs.shape_key(spec, self._core.shape(job))
-        if key not in p.failed_shapes and await self._place(p, job, spec):
-            return
-        p.failed_shapes.add(key)
-        if p.now - job.created_at > self._core.settings.aging_seconds:
-            res = spec.resources
-            p.reserved.update(w.id for w in p.workers if static_misfit(res, w) is None)
+    async def _walk(self, p: _Pass, queue: QueueIndex) -> None:
+        """Place what fits, bucket heads in placement order (lock held); a shape
+        whose head does not fit is not tried again in this pass, and its head, if
+        it has waited ``aging_seconds``, reserves the workers that could ever run it."""
+        walk = queue.walk()
+        rows: dict[str, JobRecord] = {}
+        for entry in walk:
+            if p.free_slots <= 0:
+                break
+            bucket = walk.bucket
+            assert bucket is not None
+            if bucket.key not in p.failed_shapes:
+                placed = await self._head(p, walk, entry, rows)
+                if placed is not False:  # placed, or it left the queue meanwhile
+                    walk.next_in_bucket()
+                    continue
+                p.failed_shapes.add(bucket.key)
+            if p.now - entry.ref.created_at > self._core.settings.aging_seconds:
+                p.reserved.update(w.id for w in p.able(bucket.key, bucket.resources))
 
-    async def _place(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
-        """Try ``job`` on the workers not reserved; True when it was placed."""
+    async def _head(
+        self, p: _Pass, walk: Walk, entry: Entry, rows: dict[str, JobRecord]
+    ) -> bool | None:
+        """Place the job ``entry``, the head of its bucket: True when placed, False
+        when it (so its shape) fits nowhere now, None when it left the queue. A
+        single-task job's fit is decided on its bucket's requirements before its
+        row is read; the rows of the jobs the bucket may place are read at once."""
+        bucket = walk.bucket
+        assert bucket is not None
+        spot = None if bucket.gang else self._spot(p, bucket.key, bucket.resources)
+        if spot is None and not bucket.gang:
+            return False
+        job_id = entry.ref.id
+        if job_id not in rows:
+            ahead = walk.ahead(min(p.free_slots, 256))
+            rows.update((r.id, r) for r in await self._core.store.jobs_by_ids(ahead))
+        job = rows.pop(job_id, None)
+        if job is None or job.state != JobState.queued or job_id in p.taken:
+            return None
+        if not self._core.queue.alive(entry):  # a row read ahead may be stale
+            return None
+        spec = self._core.spec(job)
+        if spot is None:
+            return await self._place_gang(p, job, spec)
         board = self._core.board  # no task on an allocation that ends before its timeout
+        if not board.time_left_fits(spot[0].name, spec, p.now):
+            spot = self._spot(
+                p, bucket.key, bucket.resources, lambda w: board.time_left_fits(w.name, spec, p.now)
+            )
+            if spot is None:
+                return False
+        w, gpus = spot
+        p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
+        self._core.instruments.placement_latency.observe(max(0.0, p.now - job.updated_at))
+        p.take(job.id, w.id, gpus)
+        return True
+
+    @staticmethod
+    def _spot(
+        p: _Pass, key: str, res: Resources, usable: Callable[[WorkerView], bool] | None = None
+    ) -> tuple[WorkerView, list[int]] | None:
+        """Where a task of shape ``key`` goes now: among the workers not reserved
+        that fit (and are ``usable``), the one with the fewest active tasks, then by name."""
+        for w in sorted(p.able(key, res), key=lambda w: (p.usage[w.id].tasks, w.name)):
+            if w.id in p.reserved or (usable is not None and not usable(w)):
+                continue
+            gpus = free_fit(res, w, p.usage[w.id])
+            if isinstance(gpus, list):
+                return w, gpus
+        return None
+
+    async def _place_gang(self, p: _Pass, job: JobRecord, spec: JobSpec) -> bool:
+        """Place every node of a gang on the workers not reserved, or none (never on an
+        allocation that ends before the job's timeout)."""
+        board = self._core.board
         candidates = [
             w
             for w in p.workers
             if w.id not in p.reserved and board.time_left_fits(w.name, spec, p.now)
         ]
-        if gangs.is_gang(spec):
-            nodes = gangs.choose(spec, candidates, p.usage)
-            if nodes is None or len(nodes) > p.free_slots:
-                return False
-            p.stmts += await self._gang(job, spec, nodes, p.now)
-            for n in nodes:
-                p.take(job.id, n.worker.id, n.gpus)
-            return True
-        for w in sorted(candidates, key=lambda w: (p.usage[w.id].tasks, w.name)):
-            gpus = fit(spec.resources, w, p.usage[w.id])
-            if isinstance(gpus, list):
-                p.stmts += placed_on(p.now, job, new_id(), w.id, w.name, gpus)
-                latency = max(0.0, p.now - job.updated_at)
-                self._core.instruments.placement_latency.observe(latency)
-                p.take(job.id, w.id, gpus)
-                return True
-        return False
+        nodes = gangs.choose(spec, candidates, p.usage)
+        if nodes is None or len(nodes) > p.free_slots:
+            return False
+        p.stmts += await self._gang(job, spec, nodes, p.now)
+        for n in nodes:
+            p.take(job.id, n.worker.id, n.gpus)
+        return True
 
     async def _gang(
         self, job: JobRecord, spec: JobSpec, nodes: list[gangs.Node], now: float

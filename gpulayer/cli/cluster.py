@@ -201,6 +201,11 @@ class LocalCluster:
         """The control plane's process id (None while it is not running)."""
         return None if self._server is None else self._server.pid
 
+    def worker_pid(self, name: str) -> int | None:
+        """The process id of the local worker ``name`` (None when it is not running)."""
+        proc = self._workers.get(name)
+        return None if proc is None or proc.poll() is not None else proc.pid
+
     @property
     def log_dir(self) -> Path:
         """Where the subprocesses' output goes."""
@@ -253,10 +258,20 @@ class LocalCluster:
             )
             self._fingerprint = tls.fingerprint_of_file(self.certfile)
         try:
-            self._start_control_plane()
+            # The workers start while the control plane does (their imports and
+            # start-up overlap it) and get the join token on stdin once it exists;
+            # a worker whose old registration must be forgotten first starts after.
+            fresh = not (self.data_dir / "gpulayer.db").exists() and not any(
+                "db_path" in a for a in self.server_args
+            )
+            self._spawn_control_plane()
+            early = [self._add_worker(early=True) for _ in range(self.n_workers if fresh else 0)]
+            self._await_control_plane()
+            for name in early:
+                self._hand_join_token(name)
             if ready is not None:
                 ready("control plane")
-            names = [self._add_worker() for _ in range(self.n_workers)]
+            names = early + [self._add_worker() for _ in range(self.n_workers - len(early))]
             self.wait_for_workers(names)
             if ready is not None and names:
                 ready("workers")
@@ -375,13 +390,18 @@ class LocalCluster:
         simulated_gpus: str | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        *,
+        early: bool = False,
     ) -> str:
+        """Start a worker; ``early``: before the control plane is up (a new data dir,
+        so no old registration to forget), its join token to follow on stdin
+        (:meth:`_hand_join_token`)."""
         if name is None:
             self._worker_count += 1
             name = f"local-{self._worker_count}"
         if name in self._workers:
             raise GpulayerError(f"a local worker named {name!r} is already running")
-        if not (self.data_dir / "workers" / name / credential.FILENAME).exists():
+        if not early and not (self.data_dir / "workers" / name / credential.FILENAME).exists():
             self._forget_stale(name)
         argv = [sys.executable, "-m", "gpulayer", "join", self.url,
                 "--name", name, "--slots", str(slots or self.slots),
@@ -390,16 +410,28 @@ class LocalCluster:
             argv += ["--label", f"{key}={value}"]
         if self.task_user is not None:
             argv += ["--task-user", self.task_user]
-        extra = {**(env or {}), "GPULAYER_JOIN_TOKEN": self.join_token}
+        extra = dict(env or {})
+        if early:
+            argv += ["--token-file", "-"]
+        else:
+            extra["GPULAYER_JOIN_TOKEN"] = self.join_token
         if self._fingerprint is not None:
             argv += ["--fingerprint", self._fingerprint]
         gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
         if gpus is not None:
             extra["GPULAYER_SIMULATED_GPUS"] = gpus
         self._workers[name] = spawn(
-            argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir
+            argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir, stdin_pipe=early
         )
         return name
+
+    def _hand_join_token(self, name: str) -> None:
+        """Give a worker started early its join token (its ``--token-file -``)."""
+        stdin = self._workers[name].stdin
+        assert stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # it exited: wait_for_workers says why
+            stdin.write(self.join_token.encode() + b"\n")
+            stdin.close()
 
     def _forget_stale(self, name: str) -> None:
         """Forget a registration of ``name`` that its local worker cannot reclaim: its
@@ -430,11 +462,18 @@ class LocalCluster:
         return argv + self.server_args
 
     def _start_control_plane(self) -> None:
+        self._spawn_control_plane()
+        self._await_control_plane()
+
+    def _spawn_control_plane(self) -> None:
         # Jupyter's own token in the environment (JUPYTER_TOKEN), not on the command line.
         env = {"JUPYTER_TOKEN": self.jupyter_token}
         self._server = spawn(
             self._control_plane_argv(), self.log_path(), {**self.env, **env}, cwd=self.data_dir
         )
+
+    def _await_control_plane(self) -> None:
+        """Wait until the control plane answers, then read its tokens."""
         self._wait_healthy()
         # The control plane writes both tokens before health answers.
         try:

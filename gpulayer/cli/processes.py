@@ -52,12 +52,18 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 def spawn(
-    argv: list[str], log_file: Path, extra_env: Mapping[str, str], *, cwd: Path
+    argv: list[str],
+    log_file: Path,
+    extra_env: Mapping[str, str],
+    *,
+    cwd: Path,
+    stdin_pipe: bool = False,
 ) -> "subprocess.Popen[bytes]":
     """Start ``argv`` in its own session, output appended to ``log_file``; on Linux it
     gets SIGKILL when this process dies (``kill -9`` included), so a control plane
     or worker never outlives the ``gpulayer up`` (or test) that started it. Call it
-    from a thread that lives as long as the process (the main thread)."""
+    from a thread that lives as long as the process (the main thread).
+    ``stdin_pipe``: its standard input is a pipe the caller writes (else nothing)."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
     private_dir(log_file.parent)
     with os.fdopen(open_private(log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
@@ -66,7 +72,7 @@ def spawn(
         # killed with its parent takes its tasks along (gpulayer/worker/spawning.py).
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -85,7 +85,8 @@ def add_parsers(sub: Any, conn: argparse.ArgumentParser) -> None:
                           ))  # fmt: skip
     join.add_argument("join_url", metavar="URL", help="the control plane's URL")
     join.add_argument("--token-file", type=Path, metavar="FILE",
-                      help="read the join token from FILE (else $GPULAYER_JOIN_TOKEN)")  # fmt: skip
+                      help="read the join token from FILE (else $GPULAYER_JOIN_TOKEN);"
+                      " - reads its first line from standard input")  # fmt: skip
     join.add_argument("--token", help="the join token itself (other users see it in `ps`:"
                       " prefer GPULAYER_JOIN_TOKEN or --token-file)")  # fmt: skip
     join.add_argument("--fingerprint", default=os.environ.get("GPULAYER_FINGERPRINT"),
@@ -300,7 +301,10 @@ def join_token(args: argparse.Namespace) -> str:
     from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None)
     if args.token_file is not None:
         try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
+            if str(args.token_file) == "-":  # `gpulayer up` hands it over once it exists
+                token = sys.stdin.readline().strip()
+            else:
+                token = args.token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
             raise errors.ConfigError(
                 f"cannot read the join token from {args.token_file}: {e.strerror or e}"
@@ -333,12 +337,14 @@ def port_range(text: str) -> tuple[int, int]:
 
 
 def _join(args: argparse.Namespace) -> int:
-    token = join_token(args)
     try:
         from gpulayer.worker import AgentConfig
         from gpulayer.worker import main as agent_main
     except ImportError as e:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
+    # After the imports: `gpulayer up` starts its workers while the control plane
+    # starts, and hands them the join token on stdin once it exists (--token-file -).
+    token = join_token(args)
     cfg = AgentConfig(
         url=args.join_url, token=token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,

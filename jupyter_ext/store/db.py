@@ -30,6 +30,7 @@ import aiosqlite
 
 from gpulayer.errors import Conflict, StorageError, storage_error
 
+from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, notify, split
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
 
@@ -47,6 +48,10 @@ class Database:
         self._reader: sqlite3.Connection | None = None  # read-only, on the loop's thread
         # One connection means one transaction at a time: coroutines take turns.
         self._tx = asyncio.Lock()
+        self._journal = Journal()
+        #: The queued jobs, followed in memory (``changes.py``).
+        self.queued = QueuedJobs()
+        self._token_listeners: list[TokenListener] = []
 
     async def open(self: "D") -> "D":
         """Open (creating or migrating) the database file."""
@@ -66,11 +71,38 @@ class Database:
         self._db = db
         try:
             await self._migrate()
+            await self._follow()
             self._reader = _read_only(self.path)
         except BaseException:
             await self.close()
             raise
         return self
+
+    async def _follow(self) -> None:
+        """Install the change triggers and read the queue once (``changes.py``)."""
+        await self.db.create_function("gl_changed", -1, self._journal.record)
+        await self.db.executescript(TRIGGERS)
+        rows = await self._all(
+            "SELECT id, priority, seq, created_at, updated_at, owner FROM jobs"
+            " WHERE state = 'queued'"
+        )
+        self.queued.apply([(r["id"], QueuedRef(*r)) for r in rows])
+
+    def on_token_change(self, listener: TokenListener) -> None:
+        """Call ``listener`` with the ids of tokens whose rows a committed
+        transaction changed (revoked, used, deleted, any column)."""
+        self._token_listeners.append(listener)
+
+    def _deliver(self) -> None:
+        """Apply what committed transactions changed to the in-memory read models."""
+        calls = self._journal.take()
+        if not calls:
+            return
+        jobs, tokens = split(calls)
+        if jobs:
+            self.queued.apply(jobs)
+        if tokens:
+            notify(self._token_listeners, tokens)
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""
@@ -150,8 +182,11 @@ class Database:
         """
         db = self.db
         conn = db._conn
-        with self._storage_errors():
-            result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
+        try:
+            with self._storage_errors():
+                result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
+        finally:
+            self._deliver()
         return result
 
     async def _write(self, statements: Iterable[Statement]) -> None:
@@ -159,7 +194,7 @@ class Database:
         stmts = list(statements)
 
         def run(conn: sqlite3.Connection) -> None:
-            with transaction(conn):
+            with transaction(conn, self._journal):
                 for sql, params in stmts:
                     conn.execute(sql, params)
 
@@ -183,20 +218,25 @@ def _read_only(path: Path) -> sqlite3.Connection:
 
 
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+def transaction(conn: sqlite3.Connection, journal: Journal) -> Iterator[None]:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any error; a constraint error is a
-    :class:`~gpulayer.errors.Conflict` (runs on aiosqlite's thread)."""
+    :class:`~gpulayer.errors.Conflict` (runs on aiosqlite's thread). ``journal``
+    keeps the transaction's changes only when it commits."""
+    journal.rollback()
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield
     except sqlite3.IntegrityError as e:
         conn.execute("ROLLBACK")
+        journal.rollback()
         raise Conflict(f"conflicts with stored data: {e}") from e
     except BaseException:
         if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
             conn.execute("ROLLBACK")
+        journal.rollback()
         raise
     conn.execute("COMMIT")
+    journal.commit()
 
 
 #: SQLite's primary result codes that mean the storage, not the statement, failed.

@@ -57,7 +57,7 @@ class InstanceQueries(Database):
         """Run ``stmts`` and then ``intent`` in one transaction; the intent's ``seq``."""
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn):
+            with transaction(conn, self._journal):
                 for sql, params in stmts:
                     conn.execute(sql, params)
                 cur = conn.execute(*intent)

@@ -1,11 +1,11 @@
 """Reads of jobs, tasks, events, results and artifacts (their writes are
 :mod:`~jupyter_ext.store.writes` statements, built by the transitions)."""
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from gpulayer.contracts import JobState
 
-from .db import INLINE_READ_ROWS, Database, marks
+from .db import Database, marks
 from .records import (
     ArtifactRecord,
     EventRecord,
@@ -46,35 +46,6 @@ class JobQueries(Database):
             sql + " ORDER BY seq DESC LIMIT ?", (*(v for _, v in where), limit), big=limit > 100
         )
         return [JobRecord.from_row(r) for r in rows]
-
-    async def queued_jobs(self, page: int = 500) -> AsyncIterator[JobRecord]:
-        """Queued jobs in placement order (priority, then submission), ``page`` rows
-        at a time, so a pass that stops early reads only what it looked at."""
-        last: tuple[int, int] | None = None
-        while True:
-            if last is None:
-                rows = await self._all(
-                    "SELECT * FROM jobs WHERE state = 'queued'"
-                    " ORDER BY priority DESC, seq ASC LIMIT ?",
-                    (page,),
-                    big=page > INLINE_READ_ROWS,
-                )
-            else:
-                rows = await self._all(
-                    "SELECT * FROM jobs WHERE state = 'queued' AND (priority < ?"
-                    " OR (priority = ? AND seq > ?)) ORDER BY priority DESC, seq ASC LIMIT ?",
-                    (last[0], last[0], last[1], page),
-                    big=page > INLINE_READ_ROWS,
-                )
-            for row in rows:
-                yield JobRecord.from_row(row)
-            if len(rows) < page:
-                return
-            last = (rows[-1]["priority"], rows[-1]["seq"])
-
-    async def any_queued(self) -> bool:
-        """Whether some job waits for placement (one index lookup)."""
-        return await self._one("SELECT 1 FROM jobs WHERE state = 'queued' LIMIT 1") is not None
 
     async def count_jobs(self, states: Sequence[JobState], owner: str | None = None) -> int:
         """How many jobs (of ``owner``, when given) are in any of ``states``."""

@@ -36,7 +36,7 @@ class OutputQueries(Database):
         """
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn):
+            with transaction(conn, self._journal):
                 trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
                 jrow = conn.execute(
                     "SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,)
@@ -111,7 +111,7 @@ class OutputQueries(Database):
         """
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn):
+            with transaction(conn, self._journal):
                 trow = conn.execute(
                     "SELECT metric_seq FROM tasks WHERE id = ?", (task_id,)
                 ).fetchone()

@@ -51,7 +51,7 @@ class RetentionQueries(Database):
             return []
 
         def run(conn: sqlite3.Connection) -> list[str]:
-            with transaction(conn):
+            with transaction(conn, self._journal):
                 rows = conn.execute(
                     f"SELECT id FROM jobs WHERE id IN ({marks(job_ids)}) AND state IN {_ENDED}"
                     " AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id"

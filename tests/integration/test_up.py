@@ -85,3 +85,19 @@ def test_a_second_control_plane_on_the_same_data_dir_stops_at_once(tmp_path: Pat
             second.start()
         assert time.monotonic() - started < 50  # not the 60 s start-up deadline
         assert "--data-dir" in str(info.value)
+
+
+def test_on_a_new_data_dir_workers_start_beside_the_control_plane(tmp_path: Path) -> None:
+    """The local worker starts while the control plane does and gets its join token
+    on stdin, not in its arguments or environment; on the data dir's next start
+    (a database exists) the workers start after the control plane, as before."""
+    for start in ("new", "again"):
+        with LocalCluster(tmp_path, workers=1, **FAST) as cluster:
+            with cluster.connection() as conn:
+                assert [w.name for w in conn.workers() if w.state == "ready"] == ["local-1"]
+            if start == "new":
+                pid = cluster.worker_pid("local-1")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                assert b"--token-file\0-" in argv
+                assert cluster.join_token.encode() not in argv + environ

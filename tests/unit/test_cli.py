@@ -1,5 +1,7 @@
 """The `gpulayer` command line: one-line errors, exit codes, and output over a mock transport."""
 
+import argparse
+import io
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -8,6 +10,7 @@ import httpx
 import pytest
 
 from gpulayer import cli, client, contracts
+from gpulayer.cli import up
 from gpulayer.cli.cluster import free_port
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -242,6 +245,19 @@ def test_join_takes_its_token_from_a_file_and_drops_it_from_the_environment(
     assert "GPULAYER_JOIN_TOKEN" not in os.environ  # nothing the worker starts inherits it
     assert cli.main(["join", REMOTE_HTTP, "--token-file", str(tmp_path / "nope")]) == 1
     assert "cannot read the join token from" in one_error_line(capsys)
+
+
+def test_join_reads_its_token_from_stdin_with_token_file_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """How `gpulayer up` hands the join token to a worker it started early."""
+    monkeypatch.delenv("GPULAYER_JOIN_TOKEN", raising=False)
+    monkeypatch.setattr("sys.stdin", io.StringIO("gl_from_stdin\n"))
+    args = argparse.Namespace(token_file=Path("-"), token=None)
+    assert up.join_token(args) == "gl_from_stdin"
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # the cluster went away first
+    assert cli.main(["join", REMOTE_HTTP, "--token-file", "-"]) == 1
+    assert "is empty" in one_error_line(capsys)
 
 
 def test_join_says_where_a_token_goes_and_warns_about_one_in_argv(

@@ -1,0 +1,162 @@
+"""What committed transactions changed, for the read models kept in memory.
+
+Two things the control plane reads on its hot paths are followed in memory
+rather than read from SQLite each time: which jobs are ``queued`` (placement,
+the queue-timeout sweep, the per-owner queue quota) and which tokens changed (the
+token cache, docs/adr/0115). Temp triggers (created on the connection at
+:meth:`~jupyter_ext.store.Store.open`, not part of the schema, so no migration)
+call the SQL function ``gl_changed`` for every such row change, whatever wrote
+it. The calls are collected per transaction on aiosqlite's thread
+(:class:`Journal`), kept only when the transaction commits, and applied on the
+event loop right after the hand-off that committed them, before that write
+returns to its caller: after ``await store.apply(...)`` the read models agree
+with the file.
+"""
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Temp triggers calling ``gl_changed``: a job entering, leaving or re-entering the
+#: queue, and any change of a token row.
+TRIGGERS = """
+CREATE TEMP TRIGGER IF NOT EXISTS gl_job_inserted AFTER INSERT ON main.jobs
+WHEN NEW.state = 'queued' BEGIN
+    SELECT gl_changed('job', NEW.id, NEW.state, NEW.priority, NEW.seq, NEW.created_at,
+                      NEW.updated_at, NEW.owner);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_job_state AFTER UPDATE OF state ON main.jobs
+WHEN OLD.state = 'queued' OR NEW.state = 'queued' BEGIN
+    SELECT gl_changed('job', NEW.id, NEW.state, NEW.priority, NEW.seq, NEW.created_at,
+                      NEW.updated_at, NEW.owner);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_job_deleted AFTER DELETE ON main.jobs
+WHEN OLD.state = 'queued' BEGIN
+    SELECT gl_changed('job', OLD.id, NULL, OLD.priority, OLD.seq, OLD.created_at,
+                      OLD.updated_at, OLD.owner);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_token_updated AFTER UPDATE ON main.tokens BEGIN
+    SELECT gl_changed('token', NEW.id,
+                      NEW.revoked_at IS NOT NULL OR NEW.used_at IS NOT NULL);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_token_deleted AFTER DELETE ON main.tokens BEGIN
+    SELECT gl_changed('token', OLD.id, 1);
+END;
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRef:
+    """A queued job as placement orders it (its spec is read when needed)."""
+
+    id: str
+    priority: int
+    seq: int
+    created_at: float
+    #: When it (last) entered the queue: its queue timeout counts from here.
+    updated_at: float
+    owner: str
+
+
+#: Called with the job ids whose queue membership changed, in commit order.
+QueueListener = Callable[[list[tuple[str, QueuedRef | None]]], None]
+#: Called with ``(token id, ended)`` for every token row a commit changed: ``ended``
+#: when it is now revoked, used or deleted (else another column changed, a role).
+TokenListener = Callable[[list[tuple[str, bool]]], None]
+
+
+class QueuedJobs:
+    """The ids of the queued jobs, kept in step with the file (see the module
+    docstring), and how many each owner has queued."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, QueuedRef] = {}
+        self._owners: Counter[str] = Counter()
+        self._listeners: list[QueueListener] = []
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def count(self, owner: str) -> int:
+        """How many jobs ``owner`` has queued."""
+        return self._owners.get(owner, 0)
+
+    def subscribe(self, listener: QueueListener) -> None:
+        """Call ``listener`` with every later change; it is first called with
+        every job queued now."""
+        self._listeners.append(listener)
+        listener([(i, r) for i, r in self.refs.items()])
+
+    def apply(self, changes: list[tuple[str, QueuedRef | None]]) -> None:
+        """Apply committed changes (``None``: the job left the queue)."""
+        for job_id, ref in changes:
+            old = self.refs.pop(job_id, None)
+            if old is not None:
+                self._owners[old.owner] -= 1
+                if not self._owners[old.owner]:
+                    del self._owners[old.owner]
+            if ref is not None:
+                self.refs[job_id] = ref
+                self._owners[ref.owner] += 1
+        notify(self._listeners, changes)
+
+
+class Journal:
+    """``gl_changed`` calls of the transaction in progress (on aiosqlite's thread)
+    and of the committed ones not yet applied (taken on the event loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: list[tuple[Any, ...]] = []
+        self._done: list[tuple[Any, ...]] = []
+
+    def record(self, *args: Any) -> None:
+        """The SQL function ``gl_changed``."""
+        self._open.append(args)
+
+    def commit(self) -> None:
+        """The transaction committed: keep its changes."""
+        with self._lock:
+            self._done += self._open
+        self._open = []
+
+    def rollback(self) -> None:
+        """The transaction rolled back: forget its changes."""
+        self._open = []
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The committed changes not taken yet, oldest first."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+
+def notify(listeners: "list[Callable[[Any], None]]", changes: Any) -> None:
+    """Call each listener with ``changes``; one that fails is logged, never raised:
+    the transaction has committed, and its writer must not be told it failed."""
+    for listener in listeners:
+        try:
+            listener(changes)
+        except Exception:
+            log.exception("a listener of committed changes failed")
+
+
+def split(
+    calls: list[tuple[Any, ...]],
+) -> tuple[list[tuple[str, QueuedRef | None]], list[tuple[str, bool]]]:
+    """Journal calls as queue changes and token changes."""
+    jobs: list[tuple[str, QueuedRef | None]] = []
+    tokens: list[tuple[str, bool]] = []
+    for kind, item_id, *rest in calls:
+        if kind == "token":
+            tokens.append((item_id, bool(rest[0])))
+            continue
+        state, priority, seq, created_at, updated_at, owner = rest
+        ref = QueuedRef(item_id, priority, seq, created_at, updated_at, owner)
+        jobs.append((item_id, ref if state == "queued" else None))
+    return jobs, tokens
