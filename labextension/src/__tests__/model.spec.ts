@@ -205,7 +205,7 @@ describe('job charts and JobModel', () => {
     const task = {
       id: 't1', job_id: 'j1', attempt: 1, state: 'running' as const, worker_id: 'w',
       worker_name: 'local-1', node_rank: null, gpu_indices: [0], exit_code: null, reason: null,
-      created_at: '2026-12-02T10:00:00Z', started_at: null, ended_at: null
+      created_at: '2026-12-02T10:00:00Z', started_at: null, ended_at: null, environment: null
     };
     api.jobsById.set('j1', job('j1', 'running', { worker_name: 'local-1', tasks: [task] }));
     const model = new JobModel({ api, jobId: 'j1', auto: false });
