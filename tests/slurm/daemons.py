@@ -52,6 +52,8 @@ NVIDIA_MAJOR = 195
 
 #: ``launch(argv, label, env) -> Popen``: start a daemon somewhere (this machine, a host).
 Launcher = Callable[[Sequence[str], str, Mapping[str, str]], "subprocess.Popen[bytes]"]
+#: ``client(argv, env) -> CompletedProcess``: run a Slurm client where slurmctld is reachable.
+Client = Callable[[Sequence[str], Mapping[str, str]], "subprocess.CompletedProcess[str]"]
 
 
 def missing() -> str | None:
@@ -96,6 +98,7 @@ class SlurmCluster:
     partition: str = "gpu"
     max_nodes: int | None = None  # the partition's MaxNodes (None: unlimited)
     max_time_minutes: int = 60
+    client: Client | None = None  # None: on this machine
     root: Path = field(default_factory=lambda: _make_root())
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -120,9 +123,13 @@ class SlurmCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """A Slurm client command against this cluster (on this machine)."""
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
-                              env={**os.environ, **self.env})  # fmt: skip
+        """A Slurm client command against this cluster (on this machine, or where
+        :attr:`client` runs it)."""
+        if self.client is not None:
+            done = self.client(argv, self.env)
+        else:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
+                                  env={**os.environ, **self.env})  # fmt: skip
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
         return done

@@ -4,6 +4,7 @@ whose allocation was cancelled from outside, and says Slurm's own words when Slu
 refuses a request."""
 
 import sys
+from pathlib import Path
 
 import gpulayer.client as gl
 from gpulayer import contracts
@@ -13,8 +14,8 @@ from .daemons import SlurmCluster
 
 PY = sys.executable
 SHOW_ALLOCATION = (
-    "import os; print('slurm job', os.environ.get('SLURM_JOB_ID'),"
-    " 'gpus', os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    "import os, pwd; print('slurm job', os.environ.get('SLURM_JOB_ID'),"
+    " 'gpus', os.environ.get('CUDA_VISIBLE_DEVICES'), 'user', pwd.getpwuid(os.getuid())[0])"
 )
 
 
@@ -24,6 +25,19 @@ def instances(conn, state=None):
 
 def printed(conn, job_id):
     return [ln.text for ln in conn.logs(job_id).lines if ln.stream == contracts.LogStream.stdout]
+
+
+def environ_of(marker: str) -> dict[str, str]:
+    """The environment of the one process whose command line holds ``marker``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if marker in cmdline and "gpulayer join" in cmdline.replace("-m ", ""):
+                raw = (proc / "environ").read_bytes().decode(errors="replace")
+                return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+        except OSError:
+            continue
+    raise AssertionError(f"no process with {marker!r}")
 
 
 def slurm_state(slurm: SlurmCluster, job_id: str) -> str:
@@ -50,8 +64,11 @@ def test_a_gpu_job_runs_on_a_worker_slurm_started_which_is_cancelled_when_idle(
         [inst] = instances(conn)
         slurm_job = inst.external_id
         assert slurm_job and done.worker_name == f"hpc-{inst.id}"
-        # the task ran inside that allocation, on the one fake GPU Slurm gave it
-        assert printed(conn, job.id) == [f"slurm job {slurm_job} gpus 0"]
+        # the task ran inside that allocation, on the one fake GPU Slurm gave it, as the
+        # task user (the allocation is root's here), in the provider's folder
+        assert printed(conn, job.id) == [f"slurm job {slurm_job} gpus 0 user gpulayer-task"]
+        script_env = gl_slurm.run("scontrol", "show", "job", "-d", slurm_job).stdout
+        assert "WorkDir=" + str(c.data_dir / "providers" / "hpc") in script_env
         [worker] = [w for w in conn.workers() if w.name == done.worker_name]
         assert len(worker.devices) == 1  # the node has two; the allocation holds one
         assert worker.labels["slurm_job"] == slurm_job
@@ -74,6 +91,11 @@ def test_an_allocation_cancelled_from_outside_is_lost_and_its_task_retried_on_a_
         job = gl.submit([PY, "-c", wait_for_go], gpus=1, retries=2, connection=conn)
         until(lambda: conn.job(job.id).state == "running", 120, "the job to run")
         [first] = instances(conn)
+        # the allocation's environment is the control plane's (its venv, its PYTHONPATH)
+        # but for the control plane's own credentials
+        env = environ_of(f"--name hpc-{first.id} ")
+        assert env["SLURM_JOB_ID"] == first.external_id and "SLURM_CONF" in env
+        assert not {"JUPYTER_TOKEN", "GL_JOIN_TOKEN_0"} & env.keys()
         gl_slurm.run("scancel", first.external_id)  # an operator, a preemption
         lost = until(lambda: instances(conn, "lost"), 60, "the instance to be lost")
         assert lost[0].id == first.id
