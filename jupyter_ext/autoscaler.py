@@ -218,6 +218,7 @@ class Autoscaler:
             used = sum(specs[j].resources.gpus for j in rec.job_ids if j in specs)
             if rec.gpus - used < spec.resources.gpus:
                 continue
+            self.board.announce(rec.id, rec.provider, rec.detail or rec.state.value, [job_id])
             await self._core.store.update_instance(rec.id, job_ids=[*rec.job_ids, job_id])
             in_flight[i] = await self._instances.get(rec.id)
             return True
@@ -250,6 +251,8 @@ class Autoscaler:
                     gpus=res.gpus if offer.sized_to_job else None,
                     cpus=max(1, int(-(-res.cpus // 1))) if offer.sized_to_job else None,
                     memory_bytes=int(res.memory or 0) if offer.sized_to_job else 0,
+                    seconds=spec.timeout if offer.sized_to_job else None,
+                    announce=self.board.announce,
                 )  # fmt: skip
             except CapacityError as e:
                 delay = min(BACKOFF_MAX_SECONDS, held.delay * 2 if held else BACKOFF_FIRST_SECONDS)

@@ -37,6 +37,9 @@ _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 #: The worker gets SIGTERM this long before Slurm's end (it releases its tasks as
 #: lost, so they are retried elsewhere, rather than being killed mid-write).
 STOP_BEFORE_END_SECONDS = 60
+#: Time an allocation sized to a job's timeout gets on top of it: its worker's start
+#: and join, before the job can be placed.
+JOIN_MARGIN_SECONDS = 300
 #: The control plane's own credentials: sbatch copies its environment into the job
 #: (``--export=ALL``, which keeps the login node's venv and PYTHONPATH for the
 #: workers), and slurmctld stores it; these never go there.
@@ -93,6 +96,15 @@ class SlurmProvider(Provider):
             )
         ]
 
+    def minutes(self, launch: Launch) -> int:
+        """The allocation's ``--time``: ``time_limit``, or the job's timeout and
+        :data:`JOIN_MARGIN_SECONDS` when that is longer (a job is never placed on an
+        allocation that ends before its timeout would); Slurm refuses more than the
+        partition allows, in its own words."""
+        seconds = max(c if (c := self.config.time_limit) else 3600.0,
+                      (launch.seconds or 0) + JOIN_MARGIN_SECONDS)  # fmt: skip
+        return max(1, math.ceil(seconds / 60))
+
     def script(self, launch: Launch) -> str:
         """The sbatch script of an instance."""
         c = self.config
@@ -101,7 +113,7 @@ class SlurmProvider(Provider):
                  f"#SBATCH --nodes={launch.nodes}", "#SBATCH --ntasks-per-node=1",
                  f"#SBATCH --output={out}", f"#SBATCH --chdir={self.folder()}",
                  f"#SBATCH --cpus-per-task={max(1, launch.cpus)}",
-                 f"#SBATCH --time={max(1, math.ceil((c.time_limit or 3600) / 60))}"]  # fmt: skip
+                 f"#SBATCH --time={self.minutes(launch)}"]  # fmt: skip
         if launch.gpus:
             gres = c.gres if ":" in c.gres else f"{c.gres}:{launch.gpus}"
             lines.append(f"#SBATCH --gres={gres}")

@@ -6,6 +6,8 @@ refuses a request."""
 import sys
 from pathlib import Path
 
+import pytest
+
 import gpulayer.client as gl
 from gpulayer import contracts
 
@@ -50,7 +52,7 @@ def test_a_gpu_job_runs_on_a_worker_slurm_started_which_is_cancelled_when_idle(
 ):
     c = gl_slurm_plane()
     with c.connection() as conn:
-        job = gl.submit([PY, "-c", SHOW_ALLOCATION], gpus=1, connection=conn)
+        job = gl.submit([PY, "-c", SHOW_ALLOCATION], gpus=1, timeout="45m", connection=conn)
         # explain names the Slurm job, as squeue sees it (pending or started)
         seen = until(
             lambda: (p := conn.job(job.id).provisioning) and p.detail.startswith("slurm job") and p,
@@ -67,8 +69,10 @@ def test_a_gpu_job_runs_on_a_worker_slurm_started_which_is_cancelled_when_idle(
         # the task ran inside that allocation, on the one fake GPU Slurm gave it, as the
         # task user (the allocation is root's here), in the provider's folder
         assert printed(conn, job.id) == [f"slurm job {slurm_job} gpus 0 user gpulayer-task"]
-        script_env = gl_slurm.run("scontrol", "show", "job", "-d", slurm_job).stdout
-        assert "WorkDir=" + str(c.data_dir / "providers" / "hpc") in script_env
+        shown = gl_slurm.run("scontrol", "show", "job", slurm_job).stdout
+        assert "WorkDir=" + str(c.data_dir / "providers" / "hpc") in shown
+        # the table's time_limit is 30m; the job's timeout 45m: the allocation outlives it
+        assert "TimeLimit=00:50:00" in shown
         [worker] = [w for w in conn.workers() if w.name == done.worker_name]
         assert len(worker.devices) == 1  # the node has two; the allocation holds one
         assert worker.labels["slurm_job"] == slurm_job
@@ -113,20 +117,27 @@ def test_an_allocation_cancelled_from_outside_is_lost_and_its_task_retried_on_a_
         assert info.worker_name == f"hpc-{fresh[0].id}"
 
 
+@pytest.mark.parametrize(
+    ("ask", "refusal"),
+    [
+        ({"gpus": 3}, "Requested node configuration is not available"),  # the node has 2
+        ({"timeout": "2h"}, "Requested time limit is invalid (missing or exceeds some limit)"),
+    ],
+    ids=["gpus", "time"],
+)
 def test_a_request_beyond_the_partitions_limits_is_unsatisfiable_with_slurms_message(
-    gl_slurm, gl_slurm_plane
+    gl_slurm, gl_slurm_plane, ask, refusal
 ):
     c = gl_slurm_plane(gpus_per_node=0)  # the table does not know the nodes' size
     with c.connection() as conn:
-        job = gl.submit([PY, "-c", "pass"], gpus=3, connection=conn)  # the node has 2
+        job = gl.submit([PY, "-c", "pass"], connection=conn, **{"gpus": 1, **ask})
         info = until(lambda: (j := conn.job(job.id)).unsatisfiable and j, 60, "the refusal")
         assert info.state == "queued"
         explained = conn.placement(job.id)
         assert explained.summary == (
-            "unsatisfiable: slurm: sbatch: error: Batch job submission failed:"
-            " Requested node configuration is not available"
+            f"unsatisfiable: slurm: sbatch: error: Batch job submission failed: {refusal}"
         )
         [refused] = instances(conn, "failed")
-        assert "Requested node configuration is not available" in (refused.reason or "")
+        assert refusal in (refused.reason or "")
         # refused once: Slurm is not asked again and again
         assert len(instances(conn)) == 1
