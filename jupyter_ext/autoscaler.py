@@ -14,7 +14,9 @@ placement pass that left jobs queued) does, in order:
    core's lock (no placement can race), checked once more, and resumed if busy;
 4. **drain** workers whose allocation ends within ``drain_before_end`` (Slurm);
 5. **demand**: a queued job that no registered worker could ever run (the same
-   ``placement.static_misfit`` rule that makes a job unsatisfiable) and that no
+   ``placement.static_misfit`` rule that makes a job unsatisfiable; a draining
+   worker, or one whose allocation ends before the job's timeout, does not count)
+   and that no
    instance is being provisioned for gets the cheapest fitting offer of the
    providers below ``max_instances``. A capacity error backs that offer off
    (2 s doubling to 5 min) and the next offer is tried at once; a refusal (Slurm:
@@ -194,7 +196,13 @@ class Autoscaler:
             spec = specs[job.id]
             if spec.in_session or job.id in claimed:
                 continue
-            fitting = [w for w in views if static_misfit(spec.resources, w) is None]
+            # a draining worker (its allocation near its end, or drained by hand) and
+            # one whose allocation ends before the job's timeout take no new work
+            fitting = [
+                w for w in views
+                if w.state != WorkerState.draining and static_misfit(spec.resources, w) is None
+                and self.board.time_left_fits(w.name, spec, now)
+            ]  # fmt: skip
             if len(fitting) >= (spec.nodes if gangs.is_gang(spec) else 1):
                 continue  # a registered worker could run it: it waits for that one
             if not gangs.is_gang(spec) and await self._share(job.id, spec, in_flight, specs):

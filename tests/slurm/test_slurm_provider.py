@@ -141,3 +141,32 @@ def test_a_request_beyond_the_partitions_limits_is_unsatisfiable_with_slurms_mes
         assert refusal in (refused.reason or "")
         # refused once: Slurm is not asked again and again
         assert len(instances(conn)) == 1
+
+
+def test_a_worker_whose_allocation_nears_its_end_is_drained_and_new_work_gets_a_fresh_one(
+    gl_slurm, gl_slurm_plane, gl_shared_dir
+):
+    c = gl_slurm_plane(idle_timeout=60)  # drain_before_end: 5m, the default
+    go = gl_shared_dir / "go"
+    wait_for_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    with c.connection() as conn:
+        first = gl.submit([PY, "-c", wait_for_go], gpus=1, connection=conn)
+        until(lambda: conn.job(first.id).state == "running", 120, "the first job to run")
+        [inst] = instances(conn)
+        name = f"hpc-{inst.id}"
+        # the allocation now ends in under 4 minutes (an administrator shortened it;
+        # or it simply got there): within drain_before_end
+        gl_slurm.run("scontrol", "update", f"JobId={inst.external_id}", "TimeLimit=4")
+        until(lambda: [w for w in conn.workers() if w.name == name and w.state == "draining"],
+              30, "the worker to be drained")  # fmt: skip
+        # new work is not placed there: it gets an allocation of its own
+        second = gl.submit([PY, "-c", "print('elsewhere')"], gpus=1, connection=conn)
+        second.wait(timeout=120)
+        assert conn.job(second.id).state == "succeeded"
+        assert conn.job(second.id).worker_name not in (None, name)
+        # the running task was left alone
+        assert conn.job(first.id).state == "running"
+        go.touch()
+        first.wait(timeout=60)
+        done = conn.job(first.id)
+        assert done.state == "succeeded" and done.attempts == 1 and done.worker_name == name
