@@ -14,7 +14,9 @@ placement pass that left jobs queued) does, in order:
    core's lock (no placement can race), checked once more, and resumed if busy;
 4. **drain** workers whose allocation ends within ``drain_before_end`` (Slurm);
 5. **demand**: a queued job that no registered worker could ever run (the same
-   ``placement.static_misfit`` rule that makes a job unsatisfiable) and that no
+   ``placement.static_misfit`` rule that makes a job unsatisfiable; a draining
+   worker, or one whose allocation ends before the job's timeout, does not count)
+   and that no
    instance is being provisioned for gets the cheapest fitting offer of the
    providers below ``max_instances``. A capacity error backs that offer off
    (2 s doubling to 5 min) and the next offer is tried at once; a refusal (Slurm:
@@ -200,7 +202,13 @@ class Autoscaler:
             spec = specs[job.id]
             if spec.in_session or job.id in claimed:
                 continue
-            fitting = [w for w in views if static_misfit(spec.resources, w) is None]
+            # a draining worker (its allocation near its end, or drained by hand) and
+            # one whose allocation ends before the job's timeout take no new work
+            fitting = [
+                w for w in views
+                if w.state != WorkerState.draining and static_misfit(spec.resources, w) is None
+                and self.board.time_left_fits(w.name, spec, now)
+            ]  # fmt: skip
             if len(fitting) >= (spec.nodes if gangs.is_gang(spec) else 1):
                 continue  # a registered worker could run it: it waits for that one
             if not gangs.is_gang(spec) and await self._share(job.id, spec, in_flight, specs):
@@ -224,6 +232,7 @@ class Autoscaler:
             used = sum(specs[j].resources.gpus for j in rec.job_ids if j in specs)
             if rec.gpus - used < spec.resources.gpus:
                 continue
+            self.board.announce(rec.id, rec.provider, rec.detail or rec.state.value, [job_id])
             await self._core.store.update_instance(rec.id, job_ids=[*rec.job_ids, job_id])
             in_flight[i] = await self._instances.get(rec.id)
             return True
@@ -256,6 +265,8 @@ class Autoscaler:
                     gpus=res.gpus if offer.sized_to_job else None,
                     cpus=max(1, int(-(-res.cpus // 1))) if offer.sized_to_job else None,
                     memory_bytes=int(res.memory or 0) if offer.sized_to_job else 0,
+                    seconds=spec.timeout if offer.sized_to_job else None,
+                    announce=self.board.announce,
                 )  # fmt: skip
             except CapacityError as e:
                 delay = min(BACKOFF_MAX_SECONDS, held.delay * 2 if held else BACKOFF_FIRST_SECONDS)

@@ -20,7 +20,7 @@ running tasks end ``lost`` and are retried.
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpulayer.contracts import Instance, InstanceState, Offer
@@ -75,8 +75,12 @@ class Instances:
         gpus: int | None = None,
         cpus: int | None = None,
         memory_bytes: int = 0,
+        seconds: float | None = None,
+        announce: Callable[[str, str, str, Sequence[str]], None] | None = None,
     ) -> InstanceRecord:
-        """Ask ``provider`` for an instance of ``offer`` (for ``job_ids``).
+        """Ask ``provider`` for an instance of ``offer`` (for ``job_ids``);
+        ``announce(instance id, provider, detail, job ids)`` is told before anything
+        is written (the board's note for the jobs).
 
         Raises
         ------
@@ -98,6 +102,8 @@ class Instances:
             detail=f"asked {provider.name} for {offer.name}", created_at=now, booted_at=None,
             ready_at=None, idle_since=None, ends_at=None, ended_at=None,
         )  # fmt: skip
+        if announce is not None:
+            announce(instance_id, provider.name, rec.detail or "", rec.job_ids)
         seq = await core.store.create_intent(rec)
         expires = now + (cfg.boot_timeout or 600.0) + 60.0
         tokens = tuple([await self._tokens.for_instance(instance_id, n, expires) for n in names])
@@ -107,6 +113,7 @@ class Instances:
             fingerprint=None if cfg.url else self.endpoint.fingerprint, gpus=gpus,
             cpus=cpus or offer.cpus, memory_bytes=memory_bytes, slots=cfg.slots,
             labels={**cfg.labels, "provider": provider.name, "instance": instance_id},
+            seconds=seconds,
         )  # fmt: skip
         try:
             external = await provider.create(launch)

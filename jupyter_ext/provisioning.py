@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpulayer.contracts import (
     Device,
+    InstanceState,
     JobSpec,
     JobState,
     Offer,
@@ -77,6 +78,19 @@ class Board:
     refusals: dict[str, str] = field(default_factory=dict)  # job id -> provider's words
     ends_at: dict[str, float] = field(default_factory=dict)  # worker name -> allocation end
     offers: list[tuple[Offer, dict[str, str]]] = field(default_factory=list)  # with labels
+
+    def announce(
+        self, instance_id: str, provider: str, detail: str, job_ids: Iterable[str]
+    ) -> None:
+        """Note at once (before the instance is even recorded) that ``job_ids`` wait
+        for a new instance, so no read sees the instance without the jobs' note, or the
+        jobs still pointing at an instance that ended; the autoscaler's next round
+        publishes the whole board again."""
+        for job_id in job_ids:
+            self.notes[job_id] = Provisioning(
+                instance_id=instance_id, provider=provider, state=InstanceState.provisioning,
+                detail=detail,
+            )  # fmt: skip
 
     def could_provision(self, spec: JobSpec) -> bool:
         """Whether some configured offer could run ``spec``."""

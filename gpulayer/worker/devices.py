@@ -13,7 +13,11 @@ variable ``GPULAYER_SIMULATED_GPUS``::
 Without the variable, discovery tries NVIDIA (NVML), then AMD (``rocm-smi`` JSON,
 else the amdgpu sysfs tree), then Apple MPS (asks a ``python -c
 "import torch"`` subprocess on macOS, so the worker itself never imports torch).
-Finding nothing is normal, never an error. :class:`GpuTelemetry` reads utilization,
+Finding nothing is normal, never an error. Inside a Slurm allocation
+(``SLURM_JOB_ID`` set) only the GPUs Slurm gave the job count: those its
+``CUDA_VISIBLE_DEVICES`` (or ``HIP``/``ROCR_VISIBLE_DEVICES``) names, by index or
+UUID, since NVML lists every GPU of the node whatever the allocation holds
+(:func:`allocated`). :class:`GpuTelemetry` reads utilization,
 memory, temperature and power at each heartbeat.
 
 The CPU is not a device: the registration describes it with ``cpus`` and
@@ -82,8 +86,21 @@ def discover() -> list[Device]:
     """
     simulated = os.environ.get(SIMULATED_GPUS_ENV)
     if simulated is not None:
-        return parse_simulated(simulated)
-    return nvml_devices() or _rocm_devices() or _mps_devices()
+        return allocated(parse_simulated(simulated))
+    return allocated(nvml_devices() or _rocm_devices() or _mps_devices())
+
+
+def allocated(devices: list[Device]) -> list[Device]:
+    """``devices`` less those a Slurm allocation did not give this job (see the module
+    docstring); all of them outside Slurm or when Slurm names none."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return devices
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        visible = os.environ.get(var)
+        if visible is not None:
+            names = {v.strip() for v in visible.split(",") if v.strip()}
+            return [d for d in devices if str(d.index) in names or (d.uuid or "") in names]
+    return devices
 
 
 def parse_simulated(value: str) -> list[Device]:

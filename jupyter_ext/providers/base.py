@@ -46,6 +46,7 @@ class Launch:
     memory_bytes: int = 0
     slots: int = 4
     labels: dict[str, str] = field(default_factory=dict)
+    seconds: float | None = None  # the job's timeout: an instance with a time limit outlives it
 
     @property
     def nodes(self) -> int:

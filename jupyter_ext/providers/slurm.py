@@ -37,12 +37,22 @@ _RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 #: The worker gets SIGTERM this long before Slurm's end (it releases its tasks as
 #: lost, so they are retried elsewhere, rather than being killed mid-write).
 STOP_BEFORE_END_SECONDS = 60
+#: Time an allocation sized to a job's timeout gets on top of it: its worker's start
+#: and join, before the job can be placed.
+JOIN_MARGIN_SECONDS = 300
+#: The control plane's own credentials: sbatch copies its environment into the job
+#: (``--export=ALL``, which keeps the login node's venv and PYTHONPATH for the
+#: workers), and slurmctld stores it; these never go there.
+_PRIVATE_ENV = ("GPULAYER_TOKEN", "GPULAYER_JOIN_TOKEN", "GPULAYER_WORKER_TOKEN", "JUPYTER_TOKEN",
+                "JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")  # fmt: skip
 
 
 async def run(*argv: str, timeout: float = 30.0) -> tuple[int, str, str]:
-    """Run a Slurm command; ``(exit code, stdout, stderr)``."""
+    """Run a Slurm command (without the control plane's credentials in its
+    environment); ``(exit code, stdout, stderr)``."""
+    env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL,
+        *argv, stdin=asyncio.subprocess.DEVNULL, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -86,14 +96,24 @@ class SlurmProvider(Provider):
             )
         ]
 
+    def minutes(self, launch: Launch) -> int:
+        """The allocation's ``--time``: ``time_limit``, or the job's timeout and
+        :data:`JOIN_MARGIN_SECONDS` when that is longer (a job is never placed on an
+        allocation that ends before its timeout would); Slurm refuses more than the
+        partition allows, in its own words."""
+        seconds = max(c if (c := self.config.time_limit) else 3600.0,
+                      (launch.seconds or 0) + JOIN_MARGIN_SECONDS)  # fmt: skip
+        return max(1, math.ceil(seconds / 60))
+
     def script(self, launch: Launch) -> str:
         """The sbatch script of an instance."""
         c = self.config
         out = self.folder() / f"{launch.instance_id}.out"
         lines = ["#!/bin/bash", f"#SBATCH --job-name={self.job_name(launch.instance_id)}",
                  f"#SBATCH --nodes={launch.nodes}", "#SBATCH --ntasks-per-node=1",
-                 f"#SBATCH --output={out}", f"#SBATCH --cpus-per-task={max(1, launch.cpus)}",
-                 f"#SBATCH --time={max(1, math.ceil((c.time_limit or 3600) / 60))}"]  # fmt: skip
+                 f"#SBATCH --output={out}", f"#SBATCH --chdir={self.folder()}",
+                 f"#SBATCH --cpus-per-task={max(1, launch.cpus)}",
+                 f"#SBATCH --time={self.minutes(launch)}"]  # fmt: skip
         if launch.gpus:
             gres = c.gres if ":" in c.gres else f"{c.gres}:{launch.gpus}"
             lines.append(f"#SBATCH --gres={gres}")
@@ -115,18 +135,12 @@ class SlurmProvider(Provider):
         cmd = " ".join(shlex.quote(a) if "$SLURM" not in a else f'"{a}"' for a in join)
         for i, token in enumerate(launch.tokens):
             lines.append(f"export GL_JOIN_TOKEN_{i}={shlex.quote(token)}")
-        lines.append("unset GPULAYER_TOKEN")
         data = shlex.quote(str(self.folder()))
         if launch.nodes == 1:
             name = shlex.quote(launch.workers[0])
             lines += [
                 'export GPULAYER_JOIN_TOKEN="$GL_JOIN_TOKEN_0"; unset GL_JOIN_TOKEN_0',
                 f'{cmd} --name {name} --data-dir {data}/{name}-"$SLURM_JOB_ID" &',
-                "pid=$!",
-                # the signal before the end (and scancel's) reaches the worker, which
-                # releases its tasks; then the script waits for it to finish.
-                "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM",
-                'wait "$pid"; wait "$pid"',
             ]
         else:
             prefix = shlex.quote(launch.workers[0].rsplit("-", 1)[0])
@@ -135,7 +149,14 @@ class SlurmProvider(Provider):
                 f' exec {cmd} --name {prefix}-"$SLURM_NODEID"'
                 f' --data-dir {data}/{prefix}-"$SLURM_NODEID"-"$SLURM_JOB_ID"'
             )
-            lines.append(f"srun --kill-on-bad-exit=0 bash -c {shlex.quote(inner)}")
+            lines.append(f"srun --kill-on-bad-exit=0 bash -c {shlex.quote(inner)} &")
+        lines += [
+            "pid=$!",
+            # the signal before the end (and scancel's) reaches the worker (srun forwards
+            # it to every node's), which releases its tasks; the script then waits for it.
+            "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM",
+            'wait "$pid"; wait "$pid"',
+        ]
         return "\n".join(lines) + "\n"
 
     async def create(self, launch: Launch) -> str:

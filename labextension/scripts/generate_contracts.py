@@ -35,6 +35,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     c.MetricPage,
     c.Placement,
     c.ErrorBody,
+    c.InstanceList,
 )
 
 

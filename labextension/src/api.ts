@@ -12,6 +12,8 @@ import {
   IArtifactList,
   IErrorBody,
   IHealth,
+  IInstance,
+  IInstanceList,
   IJob,
   IJobList,
   ILogPage,
@@ -60,6 +62,8 @@ export interface IGpulayerAPI {
   telemetry(worker: string): Promise<ITelemetry>;
   /** Training metric points with `seq` after `after` (a page; ask again for more). */
   metrics(id: string, after: number): Promise<IMetricPage>;
+  /** Provider instances: active ones, then recent ended ones (docs/providers.md). */
+  instances(): Promise<IInstance[]>;
 }
 
 export namespace IGpulayerAPI {
@@ -221,5 +225,9 @@ export class GpulayerAPI implements IGpulayerAPI {
 
   metrics(id: string, after: number): Promise<IMetricPage> {
     return this.get<IMetricPage>(`jobs/${seg(id)}/metrics${query({ after })}`);
+  }
+
+  async instances(): Promise<IInstance[]> {
+    return (await this.get<IInstanceList>('instances')).instances;
   }
 }

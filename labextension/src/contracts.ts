@@ -128,6 +128,38 @@ export interface IHealth {
   jobs_active: number;
 }
 
+/** A provider's instance as gpulayer records it (``GET instances``). */
+export interface IInstance {
+  id: string;
+  provider: string;
+  offer: string;
+  state: InstanceState;
+  /** the provider's id (Slurm job id) */
+  external_id: string | null;
+  /** names its worker(s) register under */
+  workers: string[];
+  nodes: number;
+  gpus: number;
+  /** the jobs it was provisioned for */
+  job_ids: string[];
+  reason: string | null;
+  /** the provider's own word on it */
+  detail: string | null;
+  price_per_hour: number;
+  /** price x wall time so far (billed by the second) */
+  cost: number;
+  created_at: string;
+  ready_at: string | null;
+  ended_at: string | null;
+  age_seconds: number;
+}
+
+/** ``GET instances``. */
+export interface IInstanceList {
+  api_version: string;
+  instances: IInstance[];
+}
+
 /** Life cycle of an instance (see the module docstring). */
 export type InstanceState = 'provisioning' | 'booting' | 'ready' | 'idle' | 'terminating' | 'gone' | 'lost' | 'failed';
 export const INSTANCE_STATES: readonly InstanceState[] = ['provisioning', 'booting', 'ready', 'idle', 'terminating', 'gone', 'lost', 'failed'];

@@ -2,6 +2,7 @@
 // tab title share (the CLI and notebooks say the same: gpulayer/client/pending.py).
 
 import type { IJob } from './contracts';
+import { provisioningText } from './instances';
 
 /** Longest title before it is cut with an ellipsis. */
 export const TITLE_CHARS = 60;
@@ -64,18 +65,23 @@ export function hint(job: IJob): string {
 
 /** A job card's line about why it waits: `kind` says how to show it. */
 export interface IWaitNote {
-  kind: 'unsatisfiable' | 'queued';
+  kind: 'unsatisfiable' | 'provisioning' | 'queued';
   text: string;
 }
 
 /**
- * Why a queued job waits, in one line (null for any other state): a job no
+ * Why a queued job waits, in one line (null for any other state): a job a provider
+ * is starting an instance for says how far that got; a job no
  * registered worker could ever run says so and what to do about it; any other
  * says the control plane's reason.
  */
 export function waitNote(job: IJob): IWaitNote | null {
   if (job.state !== 'queued') {
     return null;
+  }
+  const provisioning = provisioningText(job);
+  if (provisioning) {
+    return { kind: 'provisioning', text: provisioning };
   }
   if (job.unsatisfiable) {
     const why = job.reason ?? 'no registered worker could ever run it';

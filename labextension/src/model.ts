@@ -11,6 +11,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import type { ApiError, IGpulayerAPI } from './api';
 import type {
   IArtifact,
+  IInstance,
   IJob,
   ILogLine,
   IStoredMetricPoint,
@@ -160,6 +161,8 @@ export class ClusterModel {
   readonly api: IGpulayerAPI;
   workers: IWorker[] = [];
   jobs: IJob[] = [];
+  /** Provider instances (empty without providers, or from a control plane without them). */
+  instances: IInstance[] = [];
   /** Owners seen in the newest jobs, for the owner filter. */
   owners: string[] = [];
   gpus: IGpuSummary = { busy: 0, total: 0 };
@@ -190,14 +193,19 @@ export class ClusterModel {
   /** One round of requests; a failure becomes `problem` and the poll backs off. */
   async refresh(): Promise<void> {
     try {
-      const [workers, jobs, running, scheduled, everyone] = await Promise.all([
+      const [workers, jobs, running, scheduled, everyone, instances] = await Promise.all([
         this.api.workers(),
         this.api.jobs({ state: this._filter.state, owner: this._filter.owner }),
         this.api.jobs({ state: 'running', limit: 10000 }),
         this.api.jobs({ state: 'scheduled', limit: 10000 }),
-        this.api.jobs({ limit: 200 })
+        this.api.jobs({ limit: 200 }),
+        // a control plane from before providers has no such route: no instances, no problem
+        this.api.instances().catch((e: Partial<ApiError>) =>
+          e.status === 404 ? [] : Promise.reject(e)
+        )
       ]);
       this.workers = workers.workers;
+      this.instances = instances;
       this.jobs = jobs;
       this.gpus = gpuSummary(this.workers, [...running, ...scheduled]);
       const owners = new Set(everyone.map(j => j.owner));

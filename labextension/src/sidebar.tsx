@@ -1,8 +1,9 @@
-// The gpulayer panel in Lab's left area: workers and jobs.
+// The gpulayer panel in Lab's left area: workers, provider instances and jobs.
 
 import { ReactWidget } from '@jupyterlab/ui-components';
 import React from 'react';
 
+import { InstanceList } from './components/instance-list';
 import { JobList } from './components/job-list';
 import { useChanged } from './components/use-changed';
 import { WorkerList } from './components/worker-list';
@@ -39,6 +40,12 @@ function Panel(props: { sidebar: GpulayerSidebar }) {
         <h3>Workers</h3>
         <WorkerList model={model} />
       </section>
+      {model.instances.length > 0 && (
+        <section className="gpulayer-section gpulayer-instances-section">
+          <h3>Instances</h3>
+          <InstanceList model={model} />
+        </section>
+      )}
       <section className="gpulayer-section">
         <h3>Jobs</h3>
         <JobList

@@ -205,6 +205,44 @@ def gl_sidebar(gl_page, gl_lab, gl_screenshots) -> SidebarPage:
     return sidebar
 
 
+#: A cloud's shape with no worker: one offer with a price and a slow boot (test_instances.py).
+CLOUD_PROVIDERS = """
+[providers.cloud]
+kind = "simulated"
+idle_timeout = 3
+[[providers.cloud.offers]]
+name = "a100"
+gpus = "1xA100-80GB"
+price_per_hour = 3.6
+boot_seconds = 6
+"""
+
+
+@pytest.fixture(scope="module")
+def gl_cloud_lab(tmp_path_factory) -> Iterator[LocalCluster]:
+    """JupyterLab with gpulayer, no worker, and one simulated provider ``cloud``."""
+    from tests.providers.conftest import stop_instances
+
+    base = tmp_path_factory.mktemp("cloud-lab")
+    (base / "providers.toml").write_text(CLOUD_PROVIDERS)
+    args = [f"--GpulayerApp.providers_file={base / 'providers.toml'}",
+            "--GpulayerApp.autoscale_seconds=0.3"]  # fmt: skip
+    cluster = start_lab(base, workers=0, server_args=args)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        stop_instances(cluster.data_dir)  # what the provider left running, by PID
+
+
+@pytest.fixture
+def gl_cloud_sidebar(gl_page, gl_cloud_lab, gl_screenshots) -> SidebarPage:
+    """The page with that Lab loaded and the gpulayer panel open."""
+    sidebar = SidebarPage(gl_page, gl_cloud_lab, gl_screenshots)
+    sidebar.open()
+    return sidebar
+
+
 @pytest.fixture
 def gl_bare_lab(tmp_path: Path) -> Iterator[str]:
     """The URL of a JupyterLab with the sidebar installed but ``jupyter_ext`` disabled."""

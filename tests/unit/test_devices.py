@@ -52,6 +52,21 @@ def test_discover_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
         discover()
 
 
+def test_in_a_slurm_allocation_only_the_gpus_slurm_gave_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SIMULATED_GPUS_ENV, "4xA100-80GB")  # the node's GPUs
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert len(discover()) == 4  # outside Slurm, CUDA_VISIBLE_DEVICES is the user's business
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    assert [d.index for d in discover()] == [1, 3]  # NVML lists all four; Slurm gave two
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-sim-2")
+    assert [d.index for d in discover()] == [2]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert len(discover()) == 4  # Slurm named none (a whole-node allocation): all
+
+
 def test_discover_without_simulation_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SIMULATED_GPUS_ENV, raising=False)
     found = discover()  # NVML fails here (no driver): that is "no GPUs", not an error

@@ -1,9 +1,10 @@
 // A fake IGpulayerAPI over in-memory jobs, workers and log lines (for jest only).
 
-import type { IGpulayerAPI } from '../api';
+import { ApiError, type IGpulayerAPI } from '../api';
 import type {
   IArtifactList,
   IHealth,
+  IInstance,
   IJob,
   ILogLine,
   ILogPage,
@@ -102,6 +103,29 @@ export function worker(name: string, gpus: number, extra: Partial<IWorker> = {})
   } as IWorker;
 }
 
+export function instance(id: string, extra: Partial<IInstance> = {}): IInstance {
+  return {
+    id,
+    provider: 'hpc',
+    offer: 'gpu',
+    state: 'provisioning',
+    external_id: null,
+    workers: [`hpc-${id}`],
+    nodes: 1,
+    gpus: 1,
+    job_ids: [],
+    reason: null,
+    detail: null,
+    price_per_hour: 0,
+    cost: 0,
+    created_at: '2026-12-02T10:00:00Z',
+    ready_at: null,
+    ended_at: null,
+    age_seconds: 0,
+    ...extra
+  } as IInstance;
+}
+
 export function line(offset: number, text: string, rank?: number): ILogLine {
   return {
     offset,
@@ -116,6 +140,8 @@ export function line(offset: number, text: string, rank?: number): ILogLine {
 export class FakeAPI implements IGpulayerAPI {
   jobsById = new Map<string, IJob>();
   workerList: IWorker[] = [];
+  /** null: a control plane older than providers (GET instances is 404) */
+  instanceList: IInstance[] | null = [];
   lines: ILogLine[] = [];
   complete = false;
   telemetryOf: ITelemetry | null = null;
@@ -189,6 +215,14 @@ export class FakeAPI implements IGpulayerAPI {
     const points = this.points.filter(p => p.seq > after).slice(0, 2); // pages of two
     const next = points.length ? points[points.length - 1].seq : after;
     return { api_version: '', points, next_after: next, complete: false };
+  }
+
+  async instances(): Promise<IInstance[]> {
+    this.calls.push('instances');
+    if (this.instanceList === null) {
+      throw new ApiError(404, 'extension_missing', 'no such route');
+    }
+    return this.instanceList;
   }
 
   async telemetry(name: string): Promise<ITelemetry> {
