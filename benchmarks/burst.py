@@ -21,6 +21,9 @@ It measures and reports; it never asserts on wall-clock times::
 
     .venv/bin/python benchmarks/burst.py --jobs 10000 --queued 30000
 
+``--only-queue`` measures only the queue length (write it with ``--out`` elsewhere to
+keep the full run's ``burst.md``).
+
 Results go to ``benchmarks/results/burst.json`` and ``burst.md``.
 """
 
