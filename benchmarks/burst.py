@@ -21,6 +21,9 @@ It measures and reports; it never asserts on wall-clock times::
 
     .venv/bin/python benchmarks/burst.py --jobs 10000 --queued 30000
 
+``--only-queue`` measures only the queue length (write it with ``--out`` elsewhere to
+keep the full run's ``burst.md``).
+
 Results go to ``benchmarks/results/burst.json`` and ``burst.md``.
 """
 
@@ -161,10 +164,13 @@ def render(result: dict[str, Any]) -> str:
         f" (load {result['machine']['load_avg_1m']:.1f},"
         f" commit {result['machine'].get('git_commit') or '?'}, {result['date']}).",
         "",
-        "| command | bare processes/s | gpulayer submit/s | gpulayer end-to-end/s"
-        " | end-to-end ÷ bare | failed jobs |",
-        "|---|---|---|---|---|---|",
     ]
+    if result["commands"]:
+        lines += [
+            "| command | bare processes/s | gpulayer submit/s | gpulayer end-to-end/s"
+            " | end-to-end ÷ bare | failed jobs |",
+            "|---|---|---|---|---|---|",
+        ]
     for name, row in result["commands"].items():
         b, g = row["bare"], row["gpulayer"]
         failed = sum(v for k, v in g["states"].items() if k != "succeeded") + g["submit_errors"]
@@ -195,6 +201,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-arg", action="append", default=[], metavar="--GpulayerApp.x=y",
                    help="extra control-plane arguments, e.g. a raised queue quota")  # fmt: skip
     p.add_argument("--only", choices=sorted(COMMANDS), action="append")
+    p.add_argument("--only-queue", action="store_true",
+                   help="measure only the queue-length submits (no bursts)")  # fmt: skip
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
@@ -212,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commands": {},
     }
     with tempfile.TemporaryDirectory(prefix="gpulayer-burst-") as tmp:
-        for i, name in enumerate(args.only or list(COMMANDS)):
+        for i, name in enumerate([] if args.only_queue else args.only or list(COMMANDS)):
             command = COMMANDS[name]
             _progress(f"bare: {args.jobs} × {name}, {width} at a time")
             b = bare(command, args.jobs, width)

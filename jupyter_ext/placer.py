@@ -249,7 +249,7 @@ class Placer:
         views = await core.fleet.views()
         report = gangs.waiting(await self.waiting(spec.resources, job.id, views, viewer), spec)
         report = core.board.annotate(job.id, spec, report, core.clock())  # providers' word
-        ahead = await core.store.queued_ahead(job) if report.satisfiable else 0
+        ahead = core.store.queued.ahead(job.priority, job.seq) if report.satisfiable else 0
         if not ahead:
             return report, None
         jobs = "job" if ahead == 1 else "jobs"

@@ -50,10 +50,16 @@ class Sessions:
 
     # ------------------------------------------------------------ queries
 
-    async def active(self) -> dict[Key, JobRecord]:
-        """Sessions that have not ended, by owner and name."""
+    async def active(self, running_only: bool = False) -> dict[Key, JobRecord]:
+        """Sessions that have not ended (or are running), by owner and name."""
         out = {}
-        for r in await self._core.store.active_kernel_jobs():
+        store = self._core.store
+        rows = await (
+            store.active_kernel_jobs([JobState.running])
+            if running_only
+            else store.active_kernel_jobs()
+        )
+        for r in rows:
             session = self._spec(r).session
             if session is not None and r.id not in self.ending:
                 out[r.owner, session.name] = r
@@ -196,7 +202,7 @@ class Sessions:
         """``(job id, reason)`` of running sessions idle past their timeout."""
         busy = set(self.open_cells.values())
         out = []
-        for key, row in (await self.active()).items():
+        for key, row in (await self.active(running_only=True)).items():
             if row.state != JobState.running or key in busy:
                 continue
             timeout = self.idle_timeout(self._spec(row))

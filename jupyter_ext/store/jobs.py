@@ -57,12 +57,17 @@ class JobQueries(Database):
         row = await self._one(sql, args)
         return int(row[0]) if row else 0
 
-    async def active_kernel_jobs(self) -> list[JobRecord]:
-        """Sessions and cells in a session that have not ended, oldest first."""
+    async def active_kernel_jobs(
+        self, states: Sequence[JobState] = (JobState.queued, JobState.scheduled, JobState.running)
+    ) -> list[JobRecord]:
+        """Sessions and cells in a session that have not ended (or are in ``states``),
+        oldest first. Each row in ``states`` is read: the once-a-second idle sweep asks
+        for the running ones only, never every queued job (benchmarks/burst.py)."""
         rows = await self._all(
-            "SELECT * FROM jobs WHERE state IN ('queued', 'scheduled', 'running')"
+            f"SELECT * FROM jobs WHERE state IN ({marks(states)})"
             " AND (json_extract(spec, '$.kind') = 'session'"
-            " OR json_extract(spec, '$.cell.session') IS NOT NULL) ORDER BY seq"
+            " OR json_extract(spec, '$.cell.session') IS NOT NULL) ORDER BY seq",
+            [s.value for s in states],
         )
         return [JobRecord.from_row(r) for r in rows]
 
@@ -175,15 +180,6 @@ class JobQueries(Database):
             )
             mine.update(r["id"] for r in await self._all(sql, (owner, *chunk)))
         return mine
-
-    async def queued_ahead(self, job: JobRecord) -> int:
-        """How many queued jobs come before ``job`` in placement order."""
-        row = await self._one(
-            "SELECT COUNT(*) FROM jobs WHERE state = 'queued'"
-            " AND (priority > ? OR (priority = ? AND seq < ?))",
-            (job.priority, job.priority, job.seq),
-        )
-        return int(row[0]) if row else 0
 
     async def get_artifact(self, job_id: str, name: str) -> ArtifactRecord | None:
         """One artifact of a job."""

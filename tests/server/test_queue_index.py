@@ -147,3 +147,37 @@ def test_a_rolled_back_submit_leaves_the_queue_as_the_file(tmp_path):
             await store.close()
 
     run(body())
+
+
+def test_a_queued_job_says_how_many_queued_jobs_come_before_it_across_a_restart(tmp_path):
+    """The count of jobs ahead follows priority, then submission, and every change
+    of the queue (it is read from memory, not counted in SQLite, benchmarks/burst.py)."""
+
+    async def behind(sched, job_id):
+        reasons = (await sched.jobs.get(job_id)).pending_reasons
+        return [r for r in reasons if r.startswith("behind")]
+
+    async def body():
+        async with plane_on(tmp_path) as (sched, _):
+            await sched.workers.register(reg("box", gpus=1, slots=4))
+            held = await sched.jobs.submit(cmd(resources={"gpus": 1}), "u")
+            assert held.state == "scheduled"
+            a, b, c, d = [
+                (await sched.jobs.submit(cmd(resources={"gpus": 1}, priority=p), "u")).id
+                for p in (0, 5, 0, 5)
+            ]
+            one, two, three = (
+                f"behind {n} (higher priority or older)"
+                for n in ("1 queued job", "2 queued jobs", "3 queued jobs")
+            )
+            # placement order: b, d (priority 5), then a, c
+            assert [await behind(sched, j) for j in (b, d, a, c)] == [[], [one], [two], [three]]
+            await sched.jobs.cancel(b, by="u")
+            assert [await behind(sched, j) for j in (d, a, c)] == [[], [one], [two]]
+        async with plane_on(tmp_path) as (sched, _):  # the queue as the file has it
+            await sched.workers.register(reg("box2", gpus=1, slots=4))
+            # box2's GPU took d; a and c wait for box's GPU (still held) or box2's
+            assert (await sched.jobs.get(d)).state == "scheduled"
+            assert [await behind(sched, j) for j in (a, c)] == [[], [one]]
+
+    run(body())
