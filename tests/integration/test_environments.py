@@ -23,6 +23,7 @@ from gpulayer import cli, errors
 from gpulayer.client import cells
 from gpulayer.cluster import LocalCluster
 
+from ..support import until
 from .conftest import FAST
 
 BUILDING = "building with"
@@ -119,8 +120,12 @@ def test_an_env_is_built_once_then_a_cache_hit_layered_on_the_worker(
     assert cli.main(["job", first.id], connection=env_cluster.connection()) == 0
     out = capsys.readouterr().out
     assert "environment:" in out and "glenvdemo==0.1.0" in out and "ready (built in" in out
+    # Workers list their envs in each heartbeat: the next one after the build says it.
+    key = info.environment.key
+    until(lambda: any(e.key == key for w in conn.workers() for e in w.envs), 30,
+          "a heartbeat listing the env")  # fmt: skip
     assert cli.main(["workers"], connection=env_cluster.connection()) == 0
-    assert info.environment.key[:12] in capsys.readouterr().out
+    assert key[:12] in capsys.readouterr().out
 
 
 def test_two_jobs_asking_for_a_new_env_at_once_share_one_build(conn, wheels):
