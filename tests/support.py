@@ -13,9 +13,12 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpulayer.cluster import LocalCluster
 
 T = TypeVar("T")
 
@@ -88,6 +91,35 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def cluster_on_small_disk(
+    tmp_path: Path, size: str, **cluster: Any
+) -> Iterator[tuple["LocalCluster", Path]]:
+    """A running one-worker :class:`LocalCluster` whose database and blobs live on a
+    ``size`` tmpfs (``<data_dir>/blobs`` links into it, ``db_path`` points there), and
+    that tmpfs; skips like :func:`tmpfs`."""
+    from gpulayer.cluster import LocalCluster
+
+    data = tmp_path / "cluster"
+    data.mkdir()
+    with tmpfs(tmp_path / "disk", size) as disk:
+        (disk / "blobs").mkdir()
+        (data / "blobs").symlink_to(disk / "blobs")
+        args = [f"--GpulayerApp.db_path={disk / 'gpulayer.db'}"]
+        with LocalCluster(data, workers=1, server_args=args, **cluster) as running:
+            yield running, disk
+
+
+def skip_folder(items: list[pytest.Item], folder: Path, why: str | None) -> None:
+    """Skip every collected test under ``folder``, saying ``why`` (None: none), for a
+    conftest whose tests all need something this machine may lack."""
+    if why is None:
+        return
+    for item in items:
+        if folder in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.skip(reason=why))
 
 
 def fill(directory: Path, leave_bytes: int = 0) -> Path:

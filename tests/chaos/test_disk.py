@@ -11,7 +11,7 @@ import gpulayer as gl
 from gpulayer import contracts
 from gpulayer.cluster import LocalCluster
 
-from ..support import fill, tmpfs, until
+from ..support import cluster_on_small_disk, fill, until
 from .harness import acknowledged, ended, ends_sensibly, logs_once, once, wait_lines
 
 N, HOLD = 40, 3
@@ -20,17 +20,8 @@ N, HOLD = 40, 3
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[tuple[LocalCluster, Path]]:
     """A one-worker cluster whose database and blobs are on a 32 MiB tmpfs."""
-    data = tmp_path / "cluster"
-    data.mkdir()
-    with tmpfs(tmp_path / "disk", "32m") as disk:
-        (disk / "blobs").mkdir()
-        (data / "blobs").symlink_to(disk / "blobs")
-        cluster = LocalCluster(
-            data, workers=1, heartbeat_seconds=0.5, lease_seconds=6.0,
-            server_args=[f"--GpulayerApp.db_path={disk / 'gpulayer.db'}"],
-        )  # fmt: skip
-        with cluster:
-            yield cluster, disk
+    with cluster_on_small_disk(tmp_path, "32m", heartbeat_seconds=0.5, lease_seconds=6.0) as got:
+        yield got
 
 
 def names_the_disk(job: contracts.Job) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import until
+from ..support import skip_folder, until
 from .harness import Host, Hosts, missing
 
 #: Short timings, so partitions longer than the lease take seconds.
@@ -32,13 +32,7 @@ WORKERS = ("w1", "w2")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Skip every test here, with the reason, where hosts cannot be made."""
-    why = missing()
-    if why is None:
-        return
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.skip(reason=why))
+    skip_folder(items, Path(__file__).parent, missing())
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from gpulayer import client, errors
 from gpulayer.cli import main
 from gpulayer.cluster import LocalCluster
 
-from ..support import fill, tmpfs, until
+from ..support import cluster_on_small_disk, fill, until
 
 FAST = {"heartbeat_seconds": 0.5, "lease_seconds": 6.0}
 MiB = 1024 * 1024
@@ -35,20 +35,9 @@ COPY_INPUT = (
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[tuple[LocalCluster, Path]]:
     """A one-worker cluster whose database and blobs are on a 40 MiB tmpfs."""
-    data = tmp_path / "cluster"
-    data.mkdir()
-    with tmpfs(tmp_path / "disk", "40m") as disk:
-        (disk / "blobs").mkdir()
-        (data / "blobs").symlink_to(disk / "blobs")
-        cluster = LocalCluster(
-            data,
-            workers=1,
-            env={"GPULAYER_STORAGE_RETRY_SECONDS": "2"},
-            server_args=[f"--GpulayerApp.db_path={disk / 'gpulayer.db'}"],
-            **FAST,
-        )
-        with cluster:
-            yield cluster, disk
+    env = {"GPULAYER_STORAGE_RETRY_SECONDS": "2"}
+    with cluster_on_small_disk(tmp_path, "40m", env=env, **FAST) as got:
+        yield got
 
 
 def ended(conn, job_id: str):

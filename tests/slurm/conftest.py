@@ -16,6 +16,7 @@ import pytest
 from gpulayer.cluster import LocalCluster
 
 from ..providers.conftest import FAST, toml
+from ..support import skip_folder
 from .daemons import SlurmCluster, missing, one_node
 
 #: The node's GPUs, as its worker sees them (Slurm hands out /dev-like fake devices;
@@ -25,13 +26,7 @@ NODE_GPUS = "2xA100-80GB"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Skip every test here, with the reason, where Slurm cannot run."""
-    why = missing()
-    if why is None:
-        return
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.skip(reason=why))
+    skip_folder(items, Path(__file__).parent, missing())
 
 
 @pytest.fixture(scope="module")
