@@ -13,6 +13,14 @@ workers echo the newest they took in (``acquired_seq``) in heartbeats and
 registrations, so reconciliation ends a running task the worker does not list
 only when the worker had seen the answer that carried it: a heartbeat built
 before that answer arrived, however late it comes, loses nothing.
+
+An answer can be lost on the way (the control plane killed after it stored the
+start, a connection dropped mid-answer): the worker then takes later answers but
+never the one that carried the task. A task counts as received (acknowledged) once
+the worker listed it in a heartbeat or registration; a running task the worker
+never acknowledged, does not list, and whose answer is older than the newest it
+took in goes back to the queue as a fresh attempt (its task ends, so anything it
+might still send is refused), instead of ending ``lost`` (docs/adr/0136).
 """
 
 import logging
@@ -60,6 +68,8 @@ class Workers:
         self._tokens = tokens
         self._secrets = secrets
         self._last_seq = 0  # the newest Acquired.seq handed out
+        # Per worker, its running tasks it listed at least once: it received them.
+        self._acked: dict[str, set[str]] = {}
 
     async def all(self, viewer: Principal | None = None) -> list[Worker]:
         """Every known worker with its running tasks and latest readings (of the
@@ -136,7 +146,7 @@ class Workers:
                 )
             )
             token = await self._token_for(reg.name, worker_id, who, coming_back, presented)
-            kill = await self._reconcile(
+            kill, _ = await self._reconcile(
                 worker_id, reg.running_tasks, now, grace=0.0, seen=reg.acquired_seq
             )
             await self.rearm_cancels(worker_id)
@@ -193,6 +203,7 @@ class Workers:
             stmts.append(delete_worker(row.id))
             await core.store.apply(stmts)
             core.fleet.forget(row.id)
+            self._acked.pop(row.id, None)
         for job_id in jobs:
             core.notify_job(job_id)
         log.info("worker %s (%s) forgotten", row.name, row.id)
@@ -213,7 +224,7 @@ class Workers:
         core.fleet.record(worker_id, now, hb)
         grace = 2 * core.settings.heartbeat_seconds
         async with core.lock:
-            kill = await self._reconcile(
+            kill, requeued = await self._reconcile(
                 worker_id, hb.running_tasks, now, grace=grace, seen=hb.acquired_seq
             )
             # Cancels that an acquire answer may have lost on the way are sent again.
@@ -225,6 +236,7 @@ class Workers:
             )
         if came_back:
             log.info("worker %s is back", row.name)
+        if came_back or requeued:
             await self._placer.schedule()
         return HeartbeatReply(kill_tasks=kill, cancel=cancel)
 
@@ -235,14 +247,18 @@ class Workers:
         now: float,
         grace: float,
         seen: int | None = None,
-    ) -> list[str]:
+    ) -> tuple[list[str], bool]:
         """Compare what a worker says it runs with the store (lock held).
 
-        Returns the reported tasks the control plane no longer runs there (to kill);
-        running tasks the worker no longer reports end as lost (or retry) when the
-        worker had seen the acquire answer that carried them (``seen``, its newest
-        ``Acquired.seq``), or, from a worker that does not say, when they were
-        picked up more than ``grace`` s ago.
+        Returns the reported tasks the control plane no longer runs there (to kill),
+        and whether a task went back to the queue. A running task the worker does not
+        list is over when the worker had seen the acquire answer that carried it
+        (``seen``, its newest ``Acquired.seq``), or, from a worker that does not say,
+        when it was picked up more than ``grace`` s ago. Over, it ends ``lost`` (or
+        retries) when the worker had acknowledged it (listed it before); one it never
+        acknowledged never reached it (its answer was lost on the way) and goes back
+        to the queue, not counted as an attempt. A worker that does not say ``seen``
+        (one just started) cannot tell: its tasks end ``lost``.
         """
         core = self._core
         mine = {
@@ -252,7 +268,10 @@ class Workers:
         kill = sorted(listed - set(mine))
         until = now + core.settings.lease_seconds
         await core.store.renew_leases(worker_id, sorted(listed & set(mine)), until)
+        acked = (self._acked.get(worker_id, set()) | listed) & set(mine)
+        self._acked[worker_id] = acked
         stmts: list[Statement] = []
+        requeued = False
         for tid, t in mine.items():
             if tid in listed:
                 continue
@@ -260,14 +279,20 @@ class Workers:
                 gone = acquire_seq(t.started_at or 0.0) <= seen
             else:
                 gone = (t.started_at or 0) < now - grace
-            if gone:
-                why = "the worker no longer runs it"
-                stmts += await core.finish(t, JobState.lost, None, why)
+            if not gone:
+                continue
+            job = await core.job(t.job_id)
+            if seen is None or tid in acked or gangs.is_gang(core.spec(job)):
+                stmts += await core.finish(t, JobState.lost, None, "the worker no longer runs it")
+            else:
+                why = "its assignment never reached the worker (the answer was lost)"
+                stmts += unplaced(now, job, t, why)
+                requeued = True
         if stmts:
             await core.store.apply(stmts)
             for tid in mine.keys() - listed:
                 core.notify_job(mine[tid].job_id)
-        return kill
+        return kill, requeued
 
     def _next_seq(self) -> int:
         """A fresh ``Acquired.seq``: the clock in microseconds, never below the last."""

@@ -9,7 +9,9 @@ import contextlib
 import inspect
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -135,3 +137,69 @@ def fill(directory: Path, leave_bytes: int = 0) -> Path:
         except OSError:  # full before the estimate
             pass
     return filler
+
+
+class Proxy:
+    """A TCP proxy to ``port`` that can be cut (its connections dropped, new ones
+    refused) and restored on the same port: a network partition. While it holds
+    (:meth:`hold`, until the next :meth:`cut`) it passes what clients send and drops
+    what comes back: answers the server sent (and stored as sent) that never arrive."""
+
+    def __init__(self, port: int) -> None:
+        from gpulayer.cli.processes import free_port
+
+        self.upstream = port
+        self.port = free_port()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._holding = False
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def hold(self) -> None:
+        """Drop everything the server sends from now on, on every connection."""
+        self._holding = True
+
+    def cut(self) -> None:
+        with self._lock:
+            socks, self._sockets = self._sockets, []
+            if self._listener is not None:
+                socks.append(self._listener)
+                self._listener = None
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._holding = False  # (only once the held connections are gone)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    client.close()
+                    server.close()
+                    return
+                self._sockets += [client, server]
+            for a, b, back in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, back), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, back: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if not (back and self._holding):
+                    dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)

@@ -6,13 +6,10 @@ included, is gone within a few seconds, checked with psutil on the pids the task
 wrote down.
 """
 
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +21,7 @@ import gpulayer as gl
 from gpulayer.client import cells
 
 from ..chaos.harness import alive
-from ..support import until
+from ..support import Proxy, until
 
 PY = sys.executable
 GONE_WITHIN_SECONDS = 5.0
@@ -257,64 +254,6 @@ def test_a_frozen_agents_task_is_killed_before_its_retry_starts(fresh_cluster, t
         )
         assert conn.job(job.id).state == "succeeded"
         assert (tmp_path / "done").read_text() == "2\n"
-
-
-class Proxy:
-    """A TCP proxy to ``port`` that can be cut (its connections dropped, new ones
-    refused) and restored on the same port: a network partition."""
-
-    def __init__(self, port: int) -> None:
-        from gpulayer.cli.processes import free_port
-
-        self.upstream = port
-        self.port = free_port()
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._listener: socket.socket | None = None
-
-    def start(self) -> None:
-        listener = socket.create_server(("127.0.0.1", self.port))
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        with self._lock:
-            socks, self._sockets = self._sockets, []
-            if self._listener is not None:
-                socks.append(self._listener)
-                self._listener = None
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._listener is not listener:  # cut meanwhile
-                    client.close()
-                    server.close()
-                    return
-                self._sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 def test_a_worker_cut_off_from_the_control_plane_stops_its_task_before_the_retry(

@@ -21,8 +21,8 @@ import gpulayer as gl
 from gpulayer import cells, contracts
 from gpulayer.cluster import LocalCluster
 
-from ..chaos.harness import Waiter
-from ..support import until
+from ..chaos.harness import Waiter, attempts
+from ..support import Proxy, until
 
 BEFORE = ["before 1", "before 2", "before 3"]
 AFTER = ["after 1", "after 2", "after 3"]
@@ -236,6 +236,50 @@ def test_a_burst_of_submits_through_a_crash_stores_and_runs_each_job_once(rclust
     names = sorted(f"burst-{t}-{i}" for t in range(threads) for i in range(each))
     assert sorted(ran.read_text().split()) == names
     conn.close()
+
+
+def test_a_task_stored_as_started_whose_answer_was_lost_in_the_crash_runs_once(
+    fresh_cluster, tmp_path
+):
+    """The window behind the burst test's rare failure, held open: the control plane
+    stores a task as started and answers its worker, the answer never arrives (a
+    proxy drops it), and the control plane is killed. Once back, the worker takes a
+    later answer: the task it never received goes back to the queue and runs, once,
+    instead of ending lost."""
+    c = fresh_cluster(workers=0, lease_seconds=30.0)
+    proxy = Proxy(c.port)
+    proxy.start()
+    url = c.url.replace(f":{c.port}/", f":{proxy.port}/")
+    env = {**os.environ, "GPULAYER_JOIN_TOKEN": c.join_token}
+    argv = [sys.executable, "-m", "gpulayer", "join", url, "--name", "far", "--slots", "2",
+            "--data-dir", str(tmp_path / "far")]  # fmt: skip
+    with (tmp_path / "far.log").open("wb") as log_file:
+        worker = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    ran = tmp_path / "ran.txt"
+    try:
+        c.wait_for_workers(["far"])
+        with c.connection() as conn:
+            proxy.hold()
+            job = gl.submit(f"echo first >> {ran}", name="unheard", connection=conn)
+            until(lambda: conn.job(job.id).state == "running", 30,
+                  "the control plane to store the task as started")  # fmt: skip
+            proxy.cut()  # the answer is gone with the connection ...
+            crash_and_restart(c)  # ... and with the control plane
+            proxy.start()
+            later = gl.submit(f"echo second >> {ran}", name="later", connection=conn)
+
+            assert conn.wait(later.id, timeout=JOIN_SECONDS).state == "succeeded"
+            done = conn.wait(job.id, timeout=JOIN_SECONDS)
+            assert done.state == "succeeded", attempts(done)
+            assert sorted(ran.read_text().split()) == ["first", "second"]  # each ran once
+            # Its first task ended without running, and that attempt was not counted.
+            assert [(t.state, t.attempt) for t in done.tasks] == [("lost", 1), ("succeeded", 1)]
+            assert "never reached the worker" in (done.tasks[0].reason or "")
+            assert done.attempts == 1
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        proxy.cut()
 
 
 @pytest.fixture

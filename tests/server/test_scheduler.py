@@ -435,12 +435,39 @@ def test_a_late_heartbeat_built_before_an_acquire_answer_loses_nothing(world):
             late = Heartbeat(running_tasks=[], acquired_seq=got.seq - 1)
             assert (await sched.workers.heartbeat(r.worker_id, late)).kill_tasks == []
             assert (await sched.jobs.get(job.id)).state == "running"
-            # One built after it that does not list the task: the worker lost it.
+            # The worker lists it (it has it), then one built after that does not: the
+            # worker lost it.
+            has = Heartbeat(running_tasks=[a.task_id], acquired_seq=got.seq)
+            await sched.workers.heartbeat(r.worker_id, has)
             gone = Heartbeat(running_tasks=[], acquired_seq=got.seq)
             await sched.workers.heartbeat(r.worker_id, gone)
             j = await sched.jobs.get(job.id)
             assert j.state == "lost" and j.reason == "the worker no longer runs it"
             assert [t.id for t in j.tasks] == [a.task_id]
+
+    run(body())
+
+
+def test_a_task_whose_acquire_answer_never_arrived_goes_back_to_the_queue(world):
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.workers.register(reg("box"))
+            job = await sched.jobs.submit(spec(), "u")
+            lost = await sched.workers.acquire(r.worker_id, 0)  # this answer never arrives
+            [unheard] = lost.assignments
+            await sched.jobs.submit(spec(), "u")
+            later = await sched.workers.acquire(r.worker_id, 0)
+            [heard] = later.assignments
+            # The worker took the later answer and never listed the first task.
+            beat = Heartbeat(running_tasks=[heard.task_id], acquired_seq=later.seq)
+            assert (await sched.workers.heartbeat(r.worker_id, beat)).kill_tasks == []
+            j = await sched.jobs.get(job.id)
+            assert j.state in ("queued", "scheduled") and j.attempts <= 1
+            assert j.tasks[0].state == "lost" and "never reached" in (j.tasks[0].reason or "")
+            again = await sched.workers.acquire(r.worker_id, 0)
+            assert [x.job_id for x in again.assignments] == [job.id]
+            assert again.assignments[0].task_id != unheard.task_id
+            assert again.assignments[0].attempt == 1  # the lost answer's attempt did not count
 
     run(body())
 
