@@ -350,7 +350,7 @@ class GpulayerApp(ExtensionApp):
             endpoint=self._endpoint(serverapp),
         )
         await plane.leases.recover()
-        gauges = prometheus.add_state(registry, store, plane.core.fleet)
+        gauges = prometheus.add_state(registry, store, plane.core.fleet, plane.channels)
         self._state.running = Running(plane=plane, registry=registry, gauges=gauges)
         self._background.append(asyncio.create_task(self._sweep_loop(plane)))
         if self.gc_interval_seconds > 0:

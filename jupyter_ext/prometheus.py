@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gpulayer.contracts import JobState, Worker, WorkerState
 
 if TYPE_CHECKING:  # the core holds the instruments; the collector reads the core's parts
+    from .channels import Channels
     from .fleet import Fleet
     from .store import Store
 
@@ -78,9 +79,10 @@ class Snapshot:
 class StateCollector:
     """Gauges of the control plane's current state, computed at each scrape."""
 
-    def __init__(self, store: "Store", fleet: "Fleet") -> None:
+    def __init__(self, store: "Store", fleet: "Fleet", channels: "Channels | None" = None) -> None:
         self.store = store
         self.fleet = fleet
+        self.channels = channels
         self.snapshot = Snapshot()
 
     async def refresh(self) -> None:
@@ -122,6 +124,12 @@ class StateCollector:
         for state in WorkerState:
             workers.add_metric([state.value], sum(w.state == state for w in snap.workers))
         yield workers
+        if self.channels is not None:  # read now: a count in memory, nothing to await
+            yield GaugeMetricFamily(
+                "gpulayer_channels",
+                "Live channels (WebSockets) of clients and workers open now.",
+                value=self.channels.count(),
+            )
         yield from self._gpus(snap)
         yield from self._instances(snap)
 
@@ -188,8 +196,10 @@ def make_registry() -> tuple[CollectorRegistry, Instruments]:
     return registry, Instruments(registry)
 
 
-def add_state(registry: CollectorRegistry, store: "Store", fleet: "Fleet") -> StateCollector:
-    """Register the state gauges of ``store`` and ``fleet`` in ``registry``."""
-    state = StateCollector(store, fleet)
+def add_state(
+    registry: CollectorRegistry, store: "Store", fleet: "Fleet", channels: "Channels | None" = None
+) -> StateCollector:
+    """Register the state gauges of ``store``, ``fleet`` and ``channels`` in ``registry``."""
+    state = StateCollector(store, fleet, channels)
     registry.register(state)
     return state

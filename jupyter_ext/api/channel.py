@@ -17,17 +17,25 @@ Limits: a frame over the route's body limit closes the channel (1009) and
 harms nothing else; at most ``channel_max_calls`` calls in flight (more are
 answered 429); unsent answers past ``channel_max_unsent_bytes`` close it with
 ``CLOSE_RESYNC`` (the peer reconnects and resumes from its offsets), so a peer
-that stops reading cannot grow the server's memory. Pings every
+that stops reading cannot grow the server's memory. A close frame waits behind
+what the peer has not read, so a peer that stopped reading would never get it:
+one that has not taken it within :data:`CLOSE_DEADLINE_SECONDS` is cut off (the
+TCP connection reset), which frees the channel and its buffers at once; once it
+reads again it finds the connection gone and reconnects. Pings every
 ``channel_ping_seconds`` keep proxies from closing an idle channel and find dead
 peers. A revoked or expired token's channels are closed (``CLOSE_UNAUTHORIZED``).
 """
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 from typing import Any
 
 import pydantic
 from tornado import web
+from tornado.iostream import IOStream
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from gpulayer.contracts import (
@@ -50,6 +58,12 @@ log = logging.getLogger(__name__)
 
 #: A worker's push loop waits this long after a failure before it acquires again.
 _PUSH_RETRY_SECONDS = 1.0
+#: A peer that has not taken the server's close frame this long after it was sent
+#: (it stopped reading: the frame waits behind unsent answers) is cut off.
+CLOSE_DEADLINE_SECONDS = 2.0
+#: SO_LINGER on, zero seconds: closing the socket resets the connection and drops
+#: what the kernel still holds for the peer.
+_RESET = struct.pack("ii", 1, 0)
 
 
 class ChannelHandler(WebSocketHandler):
@@ -60,6 +74,7 @@ class ChannelHandler(WebSocketHandler):
     #: The routes its calls may name.
     routes: list[channel_calls.Route] = []
     principal: Principal | None = None
+    _cut_off_at: asyncio.TimerHandle | None = None  # armed by close()
 
     @property
     def state(self) -> AppState:
@@ -214,8 +229,30 @@ class ChannelHandler(WebSocketHandler):
 
         sent.add_done_callback(taken)
 
+    def close(self, code: int | None = None, reason: str | None = None) -> None:
+        """Send the close frame; cut the peer off if it has not taken the frame
+        within :data:`CLOSE_DEADLINE_SECONDS` (tornado itself waits 5 s, and then
+        closes gracefully: the kernel keeps the unsent bytes for a peer that may
+        never read them)."""
+        conn = self.ws_connection  # (tornado forgets it once the frame is sent)
+        super().close(code, reason)
+        if self._cut_off_at is None and conn is not None and conn.stream is not None:
+            loop = asyncio.get_running_loop()
+            self._cut_off_at = loop.call_later(CLOSE_DEADLINE_SECONDS, self._cut_off, conn.stream)
+
+    def _cut_off(self, stream: IOStream) -> None:
+        """Reset the connection of a peer that did not take the close frame."""
+        if stream.closed():
+            return
+        log.info("channel of %s cut off: it did not take the close frame", self.request.remote_ip)
+        with contextlib.suppress(OSError):
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        stream.close()  # on_close follows (the frame loop's read fails)
+
     def on_close(self) -> None:
         """Stop the channel's calls and pushes; forget it."""
+        if self._cut_off_at is not None:
+            self._cut_off_at.cancel()
         for task in [*getattr(self, "_calls", ()), *getattr(self, "_loops", ())]:
             task.cancel()
         who = self.principal
