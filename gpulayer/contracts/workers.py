@@ -167,8 +167,9 @@ class Heartbeat(RequestModel):
         default=None,
         ge=0,
         description="the newest Acquired.seq this worker had taken in when it built this"
-        " heartbeat: a running task it does not list ends lost only if the answer that"
-        " carried it is not newer (None: the older rule, a grace of 2 heartbeats)",
+        " heartbeat: a running task it does not list is over only if the answer that"
+        " carried it is not newer (lost when it was listed before, else back to the"
+        " queue: it never arrived); None: the older rule, a grace of 2 heartbeats",
     )
     log_lines: dict[TaskId, int] = Field(
         default={},
