@@ -1,6 +1,8 @@
 """Leases and the sweep: silent workers, expired leases, idle sessions, restarts.
 
-Running tasks whose lease runs out end ``lost`` (or are retried); tasks placed on a
+Running tasks whose lease runs out end ``lost`` (or are retried), except one whose
+assignment never reached its live worker, which goes back to the queue
+(``Workers.never_received``, docs/adr/0136); tasks placed on a
 worker that went offline before picking them up go back to the queue (a gang's
 node ends its gang instead). Jobs still queued after their ``queue_timeout`` end
 ``timed_out``, saying why they waited. Idle sessions are ended. After a control-plane
@@ -19,7 +21,7 @@ from .placer import Placer
 from .sessions import Sessions
 from .store import Statement, TaskRecord, WorkerRecord
 from .transitions import queue_timed_out, unplaced
-from .workers import Workers
+from .workers import NEVER_RECEIVED, Workers
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +125,17 @@ class Leases:
         core = self._core
         stmts: list[Statement] = []
         ended: list[str] = []
+        workers = await core.store.list_workers()
+        by_id = {w.id: w for w in workers}
         for t in await core.store.expired_leases(now):
             if t.node_rank is not None and t.job_id in ended:
                 continue  # its gang ends once, with the first node
-            stmts += await core.finish(t, JobState.lost, None, "worker stopped renewing the lease")
+            if self._workers.never_received(t, by_id.get(t.worker_id or ""), now):
+                stmts += unplaced(now, await core.job(t.job_id), t, NEVER_RECEIVED)
+            else:
+                why = "worker stopped renewing the lease"
+                stmts += await core.finish(t, JobState.lost, None, why)
             ended.append(t.job_id)
-        workers = await core.store.list_workers()
         offline = {w.id for w in workers if w.state == WorkerState.offline}
         for t in await core.store.active_tasks():
             if t.state == JobState.scheduled and t.worker_id in offline:

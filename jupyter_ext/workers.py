@@ -20,7 +20,9 @@ never the one that carried the task. A task counts as received (acknowledged) on
 the worker listed it in a heartbeat or registration; a running task the worker
 never acknowledged, does not list, and whose answer is older than the newest it
 took in goes back to the queue as a fresh attempt (its task ends, so anything it
-might still send is refused), instead of ending ``lost`` (docs/adr/0136).
+might still send is refused), instead of ending ``lost``; with no later answer, the
+lease sweep asks :meth:`Workers.never_received` when the lease runs out
+(docs/adr/0136).
 """
 
 import logging
@@ -147,7 +149,7 @@ class Workers:
             )
             token = await self._token_for(reg.name, worker_id, who, coming_back, presented)
             kill, _ = await self._reconcile(
-                worker_id, reg.running_tasks, now, grace=0.0, seen=reg.acquired_seq
+                worker_id, reg.running_tasks, now, 0.0, reg.acquired_seq, registering=True
             )
             await self.rearm_cancels(worker_id)
         log.info("worker %s (%s) registered", reg.name, worker_id)
@@ -247,6 +249,8 @@ class Workers:
         now: float,
         grace: float,
         seen: int | None = None,
+        *,
+        registering: bool = False,
     ) -> tuple[list[str], bool]:
         """Compare what a worker says it runs with the store (lock held).
 
@@ -257,8 +261,9 @@ class Workers:
         when it was picked up more than ``grace`` s ago. Over, it ends ``lost`` (or
         retries) when the worker had acknowledged it (listed it before); one it never
         acknowledged never reached it (its answer was lost on the way) and goes back
-        to the queue, not counted as an attempt. A worker that does not say ``seen``
-        (one just started) cannot tell: its tasks end ``lost``.
+        to the queue, not counted as an attempt. A worker ``registering`` without
+        ``seen`` may be a new process that cannot say what the old one had: its
+        tasks end ``lost``.
         """
         core = self._core
         mine = {
@@ -282,17 +287,30 @@ class Workers:
             if not gone:
                 continue
             job = await core.job(t.job_id)
-            if seen is None or tid in acked or gangs.is_gang(core.spec(job)):
+            if (registering and seen is None) or tid in acked or gangs.is_gang(core.spec(job)):
                 stmts += await core.finish(t, JobState.lost, None, "the worker no longer runs it")
             else:
-                why = "its assignment never reached the worker (the answer was lost)"
-                stmts += unplaced(now, job, t, why)
+                stmts += unplaced(now, job, t, NEVER_RECEIVED)
                 requeued = True
         if stmts:
             await core.store.apply(stmts)
             for tid in mine.keys() - listed:
                 core.notify_job(mine[tid].job_id)
         return kill, requeued
+
+    def never_received(self, task: TaskRecord, worker: WorkerRecord | None, now: float) -> bool:
+        """Whether a running task whose lease ran out never reached its worker (lock
+        held): the worker is heartbeating (not silent), this control plane has heard
+        it, and it never listed the task. A worker that had the task lists it in its
+        next heartbeat, so a whole lease of heartbeats without it means its answer
+        was lost and no later one showed it (see :meth:`_reconcile`)."""
+        if worker is None or task.worker_id != worker.id or task.node_rank is not None:
+            return False
+        alive = worker.state in (WorkerState.ready, WorkerState.draining) and (
+            now - (worker.last_heartbeat or 0.0) <= 3 * self._core.settings.heartbeat_seconds
+        )
+        heard = self._acked.get(worker.id)
+        return alive and heard is not None and task.id not in heard
 
     def _next_seq(self) -> int:
         """A fresh ``Acquired.seq``: the clock in microseconds, never below the last."""
@@ -385,6 +403,10 @@ class Workers:
         if not draining:
             await self._placer.schedule()
         return next(w for w in await self.all() if w.id == row.id)
+
+
+#: Why a task whose assignment never reached its worker went back to the queue.
+NEVER_RECEIVED = "its assignment never reached the worker (the answer was lost)"
 
 
 def acquire_seq(started_at: float) -> int:

@@ -472,6 +472,49 @@ def test_a_task_whose_acquire_answer_never_arrived_goes_back_to_the_queue(world)
     run(body())
 
 
+def test_a_fresh_worker_whose_first_answer_was_lost_gets_the_task_again(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.workers.register(reg("box"))
+            job = await sched.jobs.submit(spec(), "u")
+            await sched.workers.acquire(r.worker_id, 0)  # its first answer: never arrives
+            clock.now += 3  # past the 2-heartbeat grace of a worker that took no answer
+            await sched.workers.heartbeat(r.worker_id, Heartbeat(running_tasks=[]))
+            j = await sched.jobs.get(job.id)
+            assert j.state in ("queued", "scheduled") and j.attempts <= 1
+            # The same name registering as a new process cannot say what it had: lost.
+            again = (await sched.workers.acquire(r.worker_id, 0)).assignments[0]
+            assert again.job_id == job.id
+            clock.now += 1
+            await sched.workers.register(reg("box"), worker_id=r.worker_id)
+            j = await sched.jobs.get(job.id)
+            assert j.state == "lost" and j.reason == "the worker no longer runs it"
+
+    run(body())
+
+
+def test_a_lost_answer_with_no_later_one_goes_back_to_the_queue_at_its_lease(world):
+    async def body():
+        async with world() as (sched, clock):
+            r = await sched.workers.register(reg("box"))
+            await sched.jobs.submit(spec(), "u")
+            warm = await sched.workers.acquire(r.worker_id, 0)  # taken: seen
+            job = await sched.jobs.submit(spec(), "u")
+            await sched.workers.acquire(r.worker_id, 0)  # never arrives
+            [heard] = warm.assignments
+            for _ in range(11):  # it heartbeats through the 10 s lease without the task
+                clock.now += 1
+                beat = Heartbeat(running_tasks=[heard.task_id], acquired_seq=warm.seq)
+                await sched.workers.heartbeat(r.worker_id, beat)
+                await sched.leases.sweep()
+            j = await sched.jobs.get(job.id)
+            assert j.state in ("queued", "scheduled") and j.attempts <= 1
+            assert "never reached" in (j.tasks[0].reason or "")
+            assert (await sched.jobs.get(heard.job_id)).state == "running"
+
+    run(body())
+
+
 def test_acquire_answers_are_numbered_upwards_even_when_the_clock_stands_still(world):
     async def body():
         async with world() as (sched, _):
