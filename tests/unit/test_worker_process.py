@@ -6,6 +6,7 @@ does not depend on which async plugin the suite loads.
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -21,7 +22,7 @@ from gpulayer.worker.process import CommandRun
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.workspace import PRIVATE_ENV, ControlPlaneAddress, TaskDir, task_env
 
-from ..support import until_async
+from ..support import until, until_async
 
 GRACE_SECONDS = 0.5
 
@@ -368,3 +369,35 @@ def test_log_shipper_delivers_in_order_without_gaps_or_duplicates() -> None:
     assert server.lines[:2500] == [f"line {i}" for i in range(2500)]
     assert server.lines[2500:] == ["y" * 65536, "y" * (70_000 - 65536)]
     assert server.largest_batch <= 1000
+
+
+# ------------------------------------------------------------- the start
+
+
+def test_an_ended_command_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
+    cr = command_run(tmp_path, Lines(), command=["true"])
+    assert asyncio.run(cr.run()) == RunOutcome("succeeded", 0, None)
+    assert cr.pid is not None
+    assert not psutil.pid_exists(cr.pid)  # a zombie would still have its pid
+
+
+def test_a_command_dies_with_its_agent_even_without_a_fence(tmp_path: Path) -> None:
+    # The agent here is a bare Python that runs one CommandRun (no supervisor):
+    # only the parent-death signal can stop the command when it is killed -9.
+    agent = (
+        "import asyncio, os, sys\n"
+        "from gpulayer.contracts import JobSpec\n"
+        "from gpulayer.worker.process import CommandRun\n"
+        "def line(stream, text, ts): print(text, flush=True)\n"
+        "run = CommandRun(JobSpec(shell='echo $$; exec sleep 100'), cwd=os.getcwd(),"
+        " env=os.environ, on_line=line)\n"
+        "asyncio.run(run.run())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPULAYER_FENCE"}
+    with subprocess.Popen([sys.executable, "-c", agent], cwd=tmp_path, env=env, stdout=-1) as proc:
+        try:
+            assert proc.stdout is not None
+            command = psutil.Process(int(proc.stdout.readline()))
+        finally:
+            proc.kill()
+    until(lambda: gone(command), 10, "the command to die with its agent")
