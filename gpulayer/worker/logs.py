@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 MAX_BATCH_LINES = 1000
 MAX_LINE_CHARS = 65536  # LogEntry.text limit; longer lines travel in pieces
 MAX_BATCH_CHARS = 2 * 1024 * 1024  # well below the control plane's request body limit
+#: At most this much text rides a completion (which may carry an inline result too).
+MAX_RIDE_CHARS = 256 * 1024
 
 
 class LogShipper:
@@ -45,6 +47,9 @@ class LogShipper:
         self._drained.set()
         self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
+        self._held = False  # the rest goes with the completion (take_rest)
+        self._idle = asyncio.Event()  # no batch on its way
+        self._idle.set()
         self._sent_at = -1e9  # loop time the last batch went (long ago: the first goes at once)
 
     @property
@@ -71,6 +76,43 @@ class LogShipper:
         self._arrived.set()
         await self._drained.wait()
 
+    async def take_rest(self) -> c.LogBatch | None:
+        """The lines not acknowledged yet, as one batch for the task's completion
+        to carry (None when there are none): one round trip fewer at a task's end.
+
+        From now on the shipper sends nothing by itself; a batch already on its
+        way lands first, and lines beyond what may ride (one batch, at most
+        :data:`MAX_RIDE_CHARS`) are shipped first. Then call :meth:`taken` with
+        the completion's outcome.
+        """
+        self._held = True
+        await self._idle.wait()
+        while not self._stopped and self._more_than_a_ride():
+            await self._ship_one()
+        if self._stopped or not self._unacked:
+            return None
+        return c.LogBatch(seq=self._first_seq, lines=list(self._unacked))
+
+    def _more_than_a_ride(self) -> bool:
+        """Too many lines, or too much text, to ride a completion."""
+        if len(self._unacked) > MAX_BATCH_LINES:
+            return True
+        return sum(len(e.text) for e in self._unacked) > MAX_RIDE_CHARS
+
+    def taken(self, batch: c.LogBatch | None, stored: bool) -> None:
+        """The completion that carried ``batch`` was answered: ``stored`` when it
+        succeeded (its lines are held now); otherwise the shipper sends them again
+        as usual."""
+        self._held = False
+        if stored and batch is not None and batch.seq == self._first_seq:
+            taken = min(len(batch.lines), len(self._unacked))
+            del self._unacked[:taken]
+            self._first_seq += taken
+        if self._unacked:
+            self._arrived.set()
+        else:
+            self._drained.set()
+
     def stop(self) -> None:
         """Drop what is queued and ship nothing more."""
         self._stopped = True
@@ -95,7 +137,7 @@ class LogShipper:
                 # arrive while it is on its way make the next batch.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), self._batch_seconds - quiet)
-            while self._unacked and not self._stopped:
+            while self._unacked and not self._stopped and not self._held:
                 try:
                     await self._ship_one()
                 except Exception:  # a background task boundary: never leave flush() hanging
@@ -105,6 +147,13 @@ class LogShipper:
                 self._drained.set()
 
     async def _ship_one(self) -> None:
+        self._idle.clear()
+        try:
+            await self._send_first()
+        finally:
+            self._idle.set()
+
+    async def _send_first(self) -> None:
         batch = self._unacked[:MAX_BATCH_LINES]
         size = 0
         for n, entry in enumerate(batch):  # a cell's images make long lines: cap the bytes too

@@ -371,6 +371,35 @@ def test_log_shipper_delivers_in_order_without_gaps_or_duplicates() -> None:
     assert server.largest_batch <= 1000
 
 
+def test_the_lines_left_at_a_tasks_end_ride_its_completion_unless_it_is_refused() -> None:
+    async def scenario() -> tuple[list[LogBatch | None], PartialServer]:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=60.0)
+        runner = asyncio.create_task(shipper.run())
+        now = datetime.now().astimezone()
+        shipper.add(LogStream.system, "started", now)  # after a quiet spell: goes at once
+        await until_async(lambda: server.lines == ["started"], 5)
+        for i in range(3):  # gathered for batch_seconds: still here at the end
+            shipper.add(LogStream.stdout, f"line {i}", now)
+        first = await shipper.take_rest()
+        shipper.taken(first, stored=False)  # the completion was refused: sent as usual
+        await shipper.flush()
+        shipper.add(LogStream.system, "artifact 'x' not stored", now)
+        second = await shipper.take_rest()
+        shipper.taken(second, stored=True)
+        await shipper.flush()  # nothing left: returns at once
+        shipper.stop()
+        await runner
+        return [first, second], server
+
+    (first, second), server = asyncio.run(scenario())
+    assert first is not None and first.seq == 1
+    assert [e.text for e in first.lines] == ["line 0", "line 1", "line 2"]
+    assert server.lines == ["started", "line 0", "line 1", "line 2"]
+    assert second is not None and second.seq == 4
+    assert [e.text for e in second.lines] == ["artifact 'x' not stored"]
+
+
 # ------------------------------------------------------------- the start
 
 
