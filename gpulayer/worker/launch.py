@@ -108,7 +108,8 @@ class Launcher:
         )
         if fn is None or a.gang is not None:  # a call stays quiet: its log is its prints
             where = _gpus(a.gpu_indices)
-            task.logs.add(c.LogStream.system, f"started on {self._name} ({where})", _now())
+            started = f"started on {self._name} ({where})"
+            task.logs.add(c.LogStream.system, started, _now(), hold=True)
         # Without a bundle the folder is handed over as it is made: one hand-off.
         folder = await task.make_dir(self._tasks_root, hand_over=a.spec.bundle is None)
         if a.spec.bundle is not None:

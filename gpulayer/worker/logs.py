@@ -58,11 +58,23 @@ class LogShipper:
         plane can say how many were lost with a dead worker)."""
         return self._first_seq + len(self._unacked)
 
-    def add(self, stream: c.LogStream, text: str, ts: datetime, rank: int | None = None) -> None:
+    def add(
+        self,
+        stream: c.LogStream,
+        text: str,
+        ts: datetime,
+        rank: int | None = None,
+        *,
+        hold: bool = False,
+    ) -> None:
         """Queue one line (the :data:`~gpulayer.worker.runs.LineCallback`); ``rank``
-        is the global rank of a gang's process that wrote it."""
+        is the global rank of a gang's process that wrote it. A line to ``hold``
+        (the worker's own ``started on …``) never goes at once after a quiet
+        spell: it waits the batch time, so a short task's rides its completion."""
         if self._stopped:
             return
+        if hold:
+            self._sent_at = max(self._sent_at, asyncio.get_running_loop().time())
         for i in range(0, max(len(text), 1), MAX_LINE_CHARS):
             self._unacked.append(
                 c.LogEntry(stream=stream, ts=ts, text=text[i : i + MAX_LINE_CHARS], rank=rank)

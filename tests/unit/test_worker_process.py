@@ -400,6 +400,24 @@ def test_the_lines_left_at_a_tasks_end_ride_its_completion_unless_it_is_refused(
     assert [e.text for e in second.lines] == ["artifact 'x' not stored"]
 
 
+def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
+    async def scenario() -> tuple[LogBatch | None, PartialServer]:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=60.0)
+        runner = asyncio.create_task(shipper.run())
+        shipper.add(LogStream.system, "started on w1", datetime.now().astimezone(), hold=True)
+        await asyncio.sleep(0.05)  # a quiet spell: a line not held would have gone
+        rest = await shipper.take_rest()
+        shipper.taken(rest, stored=True)
+        shipper.stop()
+        await runner
+        return rest, server
+
+    rest, server = asyncio.run(scenario())
+    assert server.calls == 0
+    assert rest is not None and [e.text for e in rest.lines] == ["started on w1"]
+
+
 # ------------------------------------------------------------- the start
 
 
