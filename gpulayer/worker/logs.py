@@ -131,6 +131,7 @@ class LogShipper:
         self._unacked.clear()
         self._drained.set()
         self._arrived.set()
+        self._urgent.set()  # run() ends now, even while it gathers a batch
 
     async def run(self) -> None:
         """The shipping loop; runs until :meth:`stop`."""

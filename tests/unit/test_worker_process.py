@@ -428,12 +428,15 @@ def test_an_ended_command_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
     assert not psutil.pid_exists(cr.pid)  # a zombie would still have its pid
 
 
-def test_a_command_dies_with_its_agent_even_without_a_fence(tmp_path: Path) -> None:
+@pytest.mark.parametrize("setpriv", [True, False], ids=["through setpriv", "forked"])
+def test_a_command_dies_with_its_agent_even_without_a_fence(tmp_path: Path, setpriv: bool) -> None:
     # The agent here is a bare Python that runs one CommandRun (no supervisor):
     # only the parent-death signal can stop the command when it is killed -9.
+    # "forked" is a worker without setpriv: the preexec_fn path (ADR 0130).
     agent = (
         "import asyncio, os, sys\n"
-        "from gpulayer.contracts import JobSpec\n"
+        + ("" if setpriv else "import gpulayer.worker.spawning as s; s._SETPRIV = None\n")
+        + "from gpulayer.contracts import JobSpec\n"
         "from gpulayer.worker.process import CommandRun\n"
         "def line(stream, text, ts): print(text, flush=True)\n"
         "run = CommandRun(JobSpec(shell='echo $$; exec sleep 100'), cwd=os.getcwd(),"
