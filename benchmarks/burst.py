@@ -86,14 +86,36 @@ class _CommandSubmitter(_Submitter):
                 self.errors.append(f"{type(e).__name__}: {e}")
 
 
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far (user + system) of each part: the control plane, the worker
+    agents, the commands they ran (the agents' reaped children) and this process
+    (the submitting client)."""
+    import psutil
+
+    def times(pid: int | None) -> Any:
+        return psutil.Process(pid).cpu_times()
+
+    plane = times(cluster.server_pid)
+    agents = [times(cluster.worker_pid(name)) for name in cluster.workers]
+    me = psutil.Process().cpu_times()
+    return {
+        "control plane": plane.user + plane.system,
+        "worker agents": sum(t.user + t.system for t in agents),
+        "commands": sum(t.children_user + t.children_system for t in agents),
+        "client": me.user + me.system,
+    }
+
+
 def gpulayer_burst(
     cluster: LocalCluster, command: Sequence[str], n: int, threads: int
 ) -> dict[str, Any]:
-    """``n`` jobs of ``command`` from ``threads`` threads, then wait for all of them."""
+    """``n`` jobs of ``command`` from ``threads`` threads, then wait for all of them;
+    with the CPU each part spent per job."""
     submitters = [_CommandSubmitter(cluster.connection(), command) for _ in range(threads)]
     try:
         for s in submitters:
             s.conn.health()
+        cpu0 = cpu_seconds(cluster)
         shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
         with cluster.connection() as conn, ThreadPoolExecutor(max_workers=threads) as pool:
             wall0 = time.time()
@@ -102,6 +124,8 @@ def gpulayer_burst(
             for f in futures:
                 f.result()
             result = _burst_result(submitters, conn, wall0, t0, time.perf_counter())
+        cpu1 = cpu_seconds(cluster)
+        result["cpu_ms_per_job"] = {k: (cpu1[k] - cpu0[k]) * 1000.0 / n for k in cpu0}
     finally:
         for s in submitters:
             s.conn.close()
@@ -158,7 +182,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "# Burst at scale",
         "",
-        f"`benchmarks/burst.py --jobs {result['jobs']} --queued {result['queue']['queued']}`"
+        f"`benchmarks/burst.py --jobs {result['jobs']}"
+        f" --queued {result.get('queue', {}).get('queued', 0)}`"
         f" on {result['machine']['cpu_count']} CPUs, {result['workers']} workers ×"
         f" {result['slots']} slots, {result['threads']} submit threads"
         f" (load {result['machine']['load_avg_1m']:.1f},"
@@ -178,7 +203,17 @@ def render(result: dict[str, Any]) -> str:
             f"| `{name}` | {b['rate_per_s']:.1f} | {g['submit_rate_per_s']:.1f}"
             f" | {g['end_to_end_rate_per_s']:.1f} | {row['ratio']:.2f} | {failed} |"
         )
-    q = result["queue"]
+    if result["commands"]:
+        parts = list(next(iter(result["commands"].values()))["gpulayer"]["cpu_ms_per_job"])
+        lines += ["", "CPU per job (ms, user + system, from `/proc`):", "",
+                  "| command | " + " | ".join(parts) + " |",
+                  "|---|" + "---|" * len(parts)]  # fmt: skip
+        for name, row in result["commands"].items():
+            cpu = row["gpulayer"]["cpu_ms_per_job"]
+            lines.append(f"| `{name}` | " + " | ".join(f"{cpu[k]:.1f}" for k in parts) + " |")
+    q = result.get("queue")
+    if q is None:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Submit round trip with an empty queue: {q['empty']['p50_ms']:.1f} ms p50;"
@@ -194,7 +229,8 @@ def render(result: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=10_000)
-    p.add_argument("--queued", type=int, default=30_000)
+    p.add_argument("--queued", type=int, default=30_000,
+                   help="jobs queued for the submit-latency ratio (0: skip it)")  # fmt: skip
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--threads", type=int, default=8)
@@ -237,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "gpulayer": g,
                 "ratio": g["end_to_end_rate_per_s"] / b["rate_per_s"],
             }
-        result["queue"] = queue_length(Path(tmp, "queue"), args.queued, args.server_arg)
+        if args.queued:
+            result["queue"] = queue_length(Path(tmp, "queue"), args.queued, args.server_arg)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     summary = render(result)

@@ -161,6 +161,8 @@ class Tasks:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
         task = await self.current(reporter, task_id)
+        if done.logs is not None and not task.ended:  # stored before the end, as a batch
+            await self.append_logs(reporter, task_id, done.logs)
         if done.reason is not None:  # it lands in the job's reason and events
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})

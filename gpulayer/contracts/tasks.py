@@ -7,6 +7,7 @@ from pydantic import Field, SecretStr, StringConstraints, field_serializer
 from .base import API_VERSION, BASE64_BYTES, INLINE_BYTES, DocumentModel, RequestModel, Sha256
 from .environments import TaskEnvironment
 from .jobs import JobSpec
+from .logs import LogBatch
 
 
 class Gang(DocumentModel):
@@ -99,6 +100,14 @@ class TaskCompletion(RequestModel):
         default=None,
         description="its Python env, when not reported before (a function's cache hit"
         " rides the completion: no extra round trip)",
+    )
+    logs: LogBatch | None = Field(
+        default=None,
+        # Left out of the body when there are none, so a control plane that does not
+        # know the field still takes every completion that carries no lines.
+        exclude_if=lambda v: v is None,
+        description="the task's last log lines, not sent before: stored (as a logs"
+        " batch would be) before the task's end, in one round trip",
     )
 
 

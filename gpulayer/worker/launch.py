@@ -108,8 +108,10 @@ class Launcher:
         )
         if fn is None or a.gang is not None:  # a call stays quiet: its log is its prints
             where = _gpus(a.gpu_indices)
-            task.logs.add(c.LogStream.system, f"started on {self._name} ({where})", _now())
-        folder = await task.make_dir(self._tasks_root)
+            started = f"started on {self._name} ({where})"
+            task.logs.add(c.LogStream.system, started, _now(), hold=True)
+        # Without a bundle the folder is handed over as it is made: one hand-off.
+        folder = await task.make_dir(self._tasks_root, hand_over=a.spec.bundle is None)
         if a.spec.bundle is not None:
             bundle: bytes | Path = (
                 await self._blob_file(a.spec.bundle)
@@ -117,7 +119,7 @@ class Launcher:
                 else await self._blob(a.spec.bundle)
             )
             await asyncio.to_thread(folder.unpack, bundle)  # a file: read a block at a time
-        await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
+            await task.file_work(folder.hand_over)  # after the unpack: see TaskDir.hand_over
         python_env = await self._python_env(task)
         if fn is None:
             return self._command_run(task, folder, python_env)

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 MAX_BATCH_LINES = 1000
 MAX_LINE_CHARS = 65536  # LogEntry.text limit; longer lines travel in pieces
 MAX_BATCH_CHARS = 2 * 1024 * 1024  # well below the control plane's request body limit
+#: At most this much text rides a completion (which may carry an inline result too).
+MAX_RIDE_CHARS = 256 * 1024
 
 
 class LogShipper:
@@ -45,6 +47,9 @@ class LogShipper:
         self._drained.set()
         self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
         self._stopped = False
+        self._held = False  # the rest goes with the completion (take_rest)
+        self._idle = asyncio.Event()  # no batch on its way
+        self._idle.set()
         self._sent_at = -1e9  # loop time the last batch went (long ago: the first goes at once)
 
     @property
@@ -53,11 +58,23 @@ class LogShipper:
         plane can say how many were lost with a dead worker)."""
         return self._first_seq + len(self._unacked)
 
-    def add(self, stream: c.LogStream, text: str, ts: datetime, rank: int | None = None) -> None:
+    def add(
+        self,
+        stream: c.LogStream,
+        text: str,
+        ts: datetime,
+        rank: int | None = None,
+        *,
+        hold: bool = False,
+    ) -> None:
         """Queue one line (the :data:`~gpulayer.worker.runs.LineCallback`); ``rank``
-        is the global rank of a gang's process that wrote it."""
+        is the global rank of a gang's process that wrote it. A line to ``hold``
+        (the worker's own ``started on …``) never goes at once after a quiet
+        spell: it waits the batch time, so a short task's rides its completion."""
         if self._stopped:
             return
+        if hold:
+            self._sent_at = max(self._sent_at, asyncio.get_running_loop().time())
         for i in range(0, max(len(text), 1), MAX_LINE_CHARS):
             self._unacked.append(
                 c.LogEntry(stream=stream, ts=ts, text=text[i : i + MAX_LINE_CHARS], rank=rank)
@@ -71,12 +88,50 @@ class LogShipper:
         self._arrived.set()
         await self._drained.wait()
 
+    async def take_rest(self) -> c.LogBatch | None:
+        """The lines not acknowledged yet, as one batch for the task's completion
+        to carry (None when there are none): one round trip fewer at a task's end.
+
+        From now on the shipper sends nothing by itself; a batch already on its
+        way lands first, and lines beyond what may ride (one batch, at most
+        :data:`MAX_RIDE_CHARS`) are shipped first. Then call :meth:`taken` with
+        the completion's outcome.
+        """
+        self._held = True
+        await self._idle.wait()
+        while not self._stopped and self._more_than_a_ride():
+            await self._ship_one()
+        if self._stopped or not self._unacked:
+            return None
+        return c.LogBatch(seq=self._first_seq, lines=list(self._unacked))
+
+    def _more_than_a_ride(self) -> bool:
+        """Too many lines, or too much text, to ride a completion."""
+        if len(self._unacked) > MAX_BATCH_LINES:
+            return True
+        return sum(len(e.text) for e in self._unacked) > MAX_RIDE_CHARS
+
+    def taken(self, batch: c.LogBatch | None, stored: bool) -> None:
+        """The completion that carried ``batch`` was answered: ``stored`` when it
+        succeeded (its lines are held now); otherwise the shipper sends them again
+        as usual."""
+        self._held = False
+        if stored and batch is not None and batch.seq == self._first_seq:
+            taken = min(len(batch.lines), len(self._unacked))
+            del self._unacked[:taken]
+            self._first_seq += taken
+        if self._unacked:
+            self._arrived.set()
+        else:
+            self._drained.set()
+
     def stop(self) -> None:
         """Drop what is queued and ship nothing more."""
         self._stopped = True
         self._unacked.clear()
         self._drained.set()
         self._arrived.set()
+        self._urgent.set()  # run() ends now, even while it gathers a batch
 
     async def run(self) -> None:
         """The shipping loop; runs until :meth:`stop`."""
@@ -95,7 +150,7 @@ class LogShipper:
                 # arrive while it is on its way make the next batch.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), self._batch_seconds - quiet)
-            while self._unacked and not self._stopped:
+            while self._unacked and not self._stopped and not self._held:
                 try:
                     await self._ship_one()
                 except Exception:  # a background task boundary: never leave flush() hanging
@@ -105,6 +160,13 @@ class LogShipper:
                 self._drained.set()
 
     async def _ship_one(self) -> None:
+        self._idle.clear()
+        try:
+            await self._send_first()
+        finally:
+            self._idle.set()
+
+    async def _send_first(self) -> None:
         batch = self._unacked[:MAX_BATCH_LINES]
         size = 0
         for n, entry in enumerate(batch):  # a cell's images make long lines: cap the bytes too

@@ -2,8 +2,8 @@
 
     start      log shipper (and result-part shipper), record   (the assignment arrived)
     run        slot -> Run from the launcher -> cancel guard -> run to its outcome
-    deliver    flush logs, result parts and training metrics -> upload artifacts ->
-               upload a large result -> complete
+    deliver    flush result parts and training metrics -> upload artifacts ->
+               upload a large result -> complete, with the log lines not sent yet
     clean up   remove the task's folder, forget the task
 
 Delivery keeps this order, so that a client that sees the task ended also sees
@@ -227,9 +227,8 @@ class Pipeline:
     # -------------------------------------------------------------- deliver
 
     async def _deliver(self, task: TaskRecord, outcome: RunOutcome) -> None:
-        """Flush logs, upload artifacts, complete: in this order, so that a client
-        that sees the task ended also sees all its output."""
-        await task.logs.flush()
+        """Upload result parts, metrics and artifacts, then complete with the log
+        lines not sent yet: a client that sees the task ended sees all its output."""
         if task.parts is not None:
             await task.parts.flush()  # the calls it finished, even when it ends without a result
         await task.env_reported()
@@ -244,7 +243,6 @@ class Pipeline:
                 if problem is not None:
                     lost.append(f"artifact {name!r} not stored: {problem}")
                     task.logs.add(c.LogStream.system, lost[-1], _now())
-            await task.logs.flush()  # lines about artifacts that were not stored
             outcome = _with_lost_artifacts(outcome, lost)
         if task.abandoned:
             return
@@ -255,7 +253,10 @@ class Pipeline:
                 return
         body = outcome.completion(result_blob=blob)
         body.environment = task.env_on_completion
+        # The last lines ride the completion, stored before the end (ADR 0112).
+        body.logs = await task.logs.take_rest()
         resp = await self._uplink.call("POST", f"tasks/{task.id}/complete", body=body)
+        task.logs.taken(body.logs, resp.is_success)
         if resp.is_success:
             c.Task.model_validate(resp.json())
         else:

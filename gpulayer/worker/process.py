@@ -3,7 +3,9 @@
 The task's folder and environment come from :mod:`gpulayer.worker.workspace`.
 :class:`CommandRun` starts the command in a new session, so the child and
 everything it forks share one process group, and hands every output line to a
-callback as it arrives.
+callback as it arrives. The start itself happens off the event loop
+(:func:`gpulayer.worker.spawning.spawn`); the loop learns of the exit from a
+pidfd and reads the pipes, with no child-watcher thread per command.
 
 Whatever ends the run, the whole process tree goes with it: a timeout or a cancel
 sends SIGTERM to the group (and to descendants that left it) and SIGKILL after a
@@ -17,15 +19,18 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
 import psutil
 
 from gpulayer.contracts import JobSpec, LogStream, format_duration
 from gpulayer.worker.runs import LineCallback, RunOutcome
-from gpulayer.worker.spawning import child_options
+from gpulayer.worker.spawning import spawn
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,8 @@ class CommandRun:
         self.max_line_bytes = max_line_bytes
         self._cancel_reason: str | None = None
         self._cancelled = asyncio.Event()
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._exit: asyncio.Future[int] | None = None
         self._escaped: list[psutil.Process] = []
 
     @property
@@ -103,27 +109,22 @@ class CommandRun:
         if self._cancel_reason is not None:
             return RunOutcome("cancelled", None, self._cancel_reason)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                cwd=self.cwd,
-                env=self.env,
-                **child_options(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
+            proc = await spawn(self.argv, cwd=self.cwd, env=self.env)
         except OSError as e:
             reason = f"cannot start {self.argv[0]!r}: {e.strerror or e}"
             self.on_line(LogStream.system, reason, datetime.now(UTC))
             return RunOutcome("failed", None, reason)
         self._proc = proc
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [
-            asyncio.create_task(self._pump(proc.stdout, LogStream.stdout)),
-            asyncio.create_task(self._pump(proc.stderr, LogStream.stderr)),
-        ]
+        self._exit = _watch_exit(proc)
+        pumps: list[asyncio.Task[None]] = []
+        pipes: list[asyncio.BaseTransport] = []
         finished = False
         try:
+            assert proc.stdout is not None and proc.stderr is not None
+            for pipe, stream in ((proc.stdout, LogStream.stdout), (proc.stderr, LogStream.stderr)):
+                reader, transport = await _read_end(pipe)
+                pipes.append(transport)
+                pumps.append(asyncio.create_task(self._pump(reader, stream)))
             cause = await self._wait(proc)
             # After a normal exit only lingering children are left to stop.
             await self._stop_tree(proc)
@@ -132,14 +133,17 @@ class CommandRun:
         finally:
             for pump in pumps:
                 pump.cancel()
+            for transport in pipes:
+                transport.close()
             if not finished:  # run() itself was cancelled or failed: leave nothing behind
                 self._signal_tree(proc.pid, signal.SIGKILL)
         return self._outcome(cause, proc.returncode)
 
-    async def _wait(self, proc: asyncio.subprocess.Process) -> str | None:
+    async def _wait(self, proc: "subprocess.Popen[bytes]") -> str | None:
         """Wait for the exit, a cancel or the timeout; ``None`` for an exit by itself."""
-        exited = asyncio.ensure_future(_leader_exit(proc))
-        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        assert self._exit is not None
+        exited: asyncio.Future[object] = asyncio.shield(self._exit)
+        cancelled: asyncio.Future[object] = asyncio.ensure_future(self._cancelled.wait())
         try:
             done, _ = await asyncio.wait(
                 {exited, cancelled},
@@ -172,7 +176,7 @@ class CommandRun:
 
     # -------------------------------------------------------------- the tree
 
-    async def _stop_tree(self, proc: asyncio.subprocess.Process) -> None:
+    async def _stop_tree(self, proc: "subprocess.Popen[bytes]") -> None:
         """SIGTERM the process group and strays, SIGKILL whatever outlives the grace."""
         if proc.returncode is None:
             # Descendants that called setsid() left the group; find them while the
@@ -190,11 +194,12 @@ class CommandRun:
         self._signal_tree(proc.pid, signal.SIGKILL)
         await self._gone_by(proc, loop.time() + 1.0)
 
-    async def _gone_by(self, proc: asyncio.subprocess.Process, deadline: float) -> bool:
+    async def _gone_by(self, proc: "subprocess.Popen[bytes]", deadline: float) -> bool:
         """Wait until the leader and the rest of the tree are gone, or the deadline."""
         loop = asyncio.get_running_loop()
+        assert self._exit is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_leader_exit(proc), max(deadline - loop.time(), 0))
+            await asyncio.wait_for(asyncio.shield(self._exit), max(deadline - loop.time(), 0))
         # Other members are not our children: no event tells when they are gone.
         while self._alive(proc.pid):
             if loop.time() >= deadline:
@@ -250,18 +255,53 @@ class CommandRun:
         self.on_line(stream, data.decode("utf-8", errors="replace"), datetime.now(UTC))
 
 
-async def _leader_exit(proc: asyncio.subprocess.Process) -> None:
-    """Wait until the command itself has exited.
+def _watch_exit(proc: "subprocess.Popen[bytes]") -> "asyncio.Future[int]":
+    """The command's exit status, once it has exited (its pipes may stay open).
 
-    On Python 3.11 ``proc.wait()`` also waits for its pipes to close, so a child left
-    holding stdout would hide the exit; the return code is set at the exit itself.
+    The process is reaped as it exits, whether or not anyone still waits for it,
+    so it never stays a zombie while the agent runs. On Linux a pidfd tells the
+    event loop (no thread, no child watcher); elsewhere a thread waits.
     """
-    waiter = asyncio.ensure_future(proc.wait())
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[int] = loop.create_future()
+
+    def settle(code: int) -> None:
+        if not exited.done():
+            exited.set_result(code)
+
     try:
-        while not waiter.done() and proc.returncode is None:
-            await asyncio.wait({waiter}, timeout=_POLL_SECONDS)
-    finally:
-        waiter.cancel()
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+
+
+        def wait() -> None:
+            code = proc.wait()
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, code)
+
+        threading.Thread(target=wait, name=f"wait-{proc.pid}", daemon=True).start()
+        return exited
+
+    def readable() -> None:
+        code = proc.poll()  # reaps it
+        if code is None:
+            return
+        loop.remove_reader(fd)
+        os.close(fd)
+        settle(code)
+
+    loop.add_reader(fd, readable)
+    return exited
+
+
+async def _read_end(pipe: IO[bytes]) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A reader of the child's end of ``pipe`` on the event loop, and its transport
+    (closing it closes the pipe)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_READ_CHUNK_BYTES, loop=loop)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe
+    )
+    return reader, transport
 
 
 def _utf8_boundary(data: bytearray, limit: int) -> int:

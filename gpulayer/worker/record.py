@@ -1,7 +1,6 @@
 """The agent's record of one assignment, from its start until its result is delivered."""
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -122,7 +121,16 @@ class TaskRecord:
             return fn()
         return await asyncio.to_thread(fn)
 
-    async def make_dir(self, tasks_root: Path) -> TaskDir:
-        """Create the task's fresh folder under ``tasks_root`` and keep it."""
-        self.dir = await self.file_work(functools.partial(TaskDir.create, tasks_root, self.id))
+    async def make_dir(self, tasks_root: Path, *, hand_over: bool = False) -> TaskDir:
+        """Create the task's fresh folder under ``tasks_root`` and keep it; with
+        ``hand_over``, give it to the task user in the same hand-off (when the worker
+        puts nothing in it first)."""
+
+        def make() -> TaskDir:
+            folder = TaskDir.create(tasks_root, self.id)
+            if hand_over:
+                folder.hand_over()
+            return folder
+
+        self.dir = await self.file_work(make)
         return self.dir

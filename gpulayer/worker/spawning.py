@@ -23,18 +23,35 @@ A task never outlives its worker (docs/adr/0082-fencing.md). On Linux:
   takes the descendants that left the group too (torchrun's ranks, daemons).
 
 Elsewhere only the new session is set up.
+
+Commands start cheaper (:func:`spawn`, docs/adr/0130): a ``preexec_fn`` makes
+``subprocess`` fork the whole agent (copying its page tables, then faulting in
+what the child touches) where it could ``vfork``, and a change of user does too.
+Where ``setpriv`` (util-linux) is installed, a command instead starts as
+``setpriv [--reuid --regid --groups] --pdeathsig KILL -- COMMAND`` through a
+``vfork``: ``setpriv`` changes the user first and asks for the parent-death signal
+after (a change of user would clear it), then executes the command in its place
+(same pid, same process group). The agent registers the process group with the
+fence itself, right after the start. The start runs on one long-lived thread
+(:data:`_SPAWN_THREAD`), never on the event loop: the parent-death signal comes
+when the *thread* that started the process ends, and that thread never does
+while the agent lives.
 """
 
+import asyncio
 import contextlib
 import ctypes
 import functools
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from gpulayer.worker.task_user import TaskUser
@@ -44,6 +61,7 @@ __all__ = [
     "Fence",
     "child_options",
     "die_with_parent",
+    "spawn",
     "task_uid",
     "task_user",
     "use_task_user",
@@ -70,6 +88,13 @@ def _load_prctl() -> Callable[..., int] | None:
 
 
 _prctl = _load_prctl()
+#: ``setpriv`` (util-linux), the cheap way to start a command (module docstring);
+#: None where it is missing or the platform has no parent-death signal.
+_SETPRIV = shutil.which("setpriv") if _prctl is not None else None
+#: The one thread commands start on. A ThreadPoolExecutor never retires an idle
+#: worker, so the thread (which the children's parent-death signal is tied to)
+#: lives until the agent exits.
+_SPAWN_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulayer-spawn")
 #: The write end of the running fence's pipe (None: no fence).
 _fence_fd: int | None = None
 _task_user: TaskUser | None = None
@@ -114,6 +139,72 @@ def child_options() -> dict[str, Any]:
     if preexec is not None:
         options["preexec_fn"] = preexec
     return options
+
+
+async def spawn(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], cheap: bool = True
+) -> "subprocess.Popen[bytes]":
+    """Start a command that runs user code, as :func:`child_options` says, with its
+    stdin on ``/dev/null`` and its stdout and stderr on pipes; off the event loop.
+
+    With ``cheap`` (the default) and ``setpriv`` at hand it starts through
+    ``setpriv`` and a ``vfork`` (module docstring); otherwise with
+    :func:`child_options`' ``preexec_fn`` and a fork.
+
+    Raises
+    ------
+    OSError
+        If the command or ``cwd`` cannot be found or run (as ``subprocess.Popen``).
+    """
+    loop = asyncio.get_running_loop()
+    start = _start_through_setpriv if cheap and _SETPRIV is not None else _start_forked
+    return await loop.run_in_executor(_SPAWN_THREAD, start, list(argv), cwd, dict(env))
+
+
+def _start_forked(argv: list[str], cwd: Path, env: dict[str, str]) -> "subprocess.Popen[bytes]":
+    return subprocess.Popen(
+        argv, cwd=cwd, env=env, **child_options(),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _start_through_setpriv(
+    argv: list[str], cwd: Path, env: dict[str, str]
+) -> "subprocess.Popen[bytes]":
+    assert _SETPRIV is not None
+    # Found here as Popen would find it (the child's PATH, from cwd), so a missing
+    # command fails as before, not as setpriv's exit code 127.
+    command = _which(argv[0], cwd, env)
+    prefix = [_SETPRIV]
+    if _task_user is not None:
+        u = _task_user
+        groups = ",".join(str(g) for g in u.groups)
+        prefix += [f"--reuid={u.uid}", f"--regid={u.gid}"]
+        prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
+    prefix += ["--pdeathsig", "KILL", "--"]
+    proc = subprocess.Popen(
+        [*prefix, command, *argv[1:]], cwd=cwd, env=env, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    if _fence_fd is not None:
+        with contextlib.suppress(OSError):  # as in the child: the mark still finds it
+            os.write(_fence_fd, b"pid %d\n" % proc.pid)
+    return proc
+
+
+def _which(name: str, cwd: Path, env: Mapping[str, str]) -> str:
+    """``name`` as ``execvpe`` in ``cwd`` with ``env`` would find it."""
+    cwd = Path(cwd)  # a str too, as Popen takes
+    if os.sep in name:
+        path = cwd / name
+        if not path.exists():
+            raise FileNotFoundError(2, os.strerror(2), name)
+        return str(path)
+    for folder in os.get_exec_path(dict(env)):
+        path = cwd / folder / name
+        if os.access(path, os.X_OK) and not path.is_dir():
+            return str(path)
+    raise FileNotFoundError(2, os.strerror(2), name)
 
 
 def die_with_parent(

@@ -154,6 +154,14 @@ class Journal:
         """The transaction rolled back: forget its changes."""
         self._open = []
 
+    def mark(self) -> int:
+        """Where the transaction's changes stand now (for :meth:`rollback_to`)."""
+        return len(self._open)
+
+    def rollback_to(self, mark: int) -> None:
+        """A savepoint rolled back: forget the changes made since ``mark``."""
+        del self._open[mark:]
+
     def take(self) -> list[tuple[Any, ...]]:
         """The committed changes not taken yet, oldest first."""
         with self._lock:

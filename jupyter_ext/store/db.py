@@ -1,7 +1,9 @@
 """The connection: one SQLite file in WAL mode behind one aiosqlite connection.
 
 One long-lived connection is the single writer; aiosqlite runs its calls in order
-on its own thread, so handlers never block the event loop. Reads of a few rows
+on its own thread, so handlers never block the event loop. Writes that arrive
+while a commit is in flight share the next commit (``commits.py``); each writer
+is answered once the commit holding its statements is done. Reads of a few rows
 (a job, a task, a token, a page of up to :data:`INLINE_READ_ROWS` lines) run on
 the event loop's thread, on a second, read-only connection: in WAL mode a reader
 never waits for the writer and sees every committed transaction, and a point
@@ -20,6 +22,7 @@ so what was stored before stays as it was.
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,9 +31,10 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from gpulayer.errors import Conflict, StorageError, storage_error
+from gpulayer.errors import StorageError, storage_error
 
 from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, notify, split
+from .commits import Unit, commit_group
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
 
@@ -46,8 +50,10 @@ class Database:
         self.path = Path(path)
         self._db: aiosqlite.Connection | None = None
         self._reader: sqlite3.Connection | None = None  # read-only, on the loop's thread
-        # One connection means one transaction at a time: coroutines take turns.
-        self._tx = asyncio.Lock()
+        # One connection means one transaction at a time: writes that arrive while
+        # one commits wait, and share the next commit (commits.py).
+        self._waiting: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._committer: asyncio.Task[None] | None = None
         self._journal = Journal()
         #: The queued jobs, followed in memory (``changes.py``).
         self.queued = QueuedJobs()
@@ -190,16 +196,53 @@ class Database:
         return result
 
     async def _write(self, statements: Iterable[Statement]) -> None:
-        """Run several statements in one transaction."""
+        """Run several statements in one transaction (all or none of them)."""
         stmts = list(statements)
 
         def run(conn: sqlite3.Connection) -> None:
-            with transaction(conn, self._journal):
-                for sql, params in stmts:
-                    conn.execute(sql, params)
+            for sql, params in stmts:
+                conn.execute(sql, params)
 
-        async with self._tx:
-            await self._in_thread(run)
+        await self._commit(run)
+
+    async def _commit(self, unit: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``unit(connection)`` in a transaction and answer once it committed.
+
+        The unit runs in the next group commit (``commits.py``): alone when no
+        commit is in flight, else with every unit that arrived meanwhile, each in
+        its own savepoint. Its error (a :class:`~gpulayer.errors.Conflict` for a
+        constraint) rolls back its statements only. Cancelling the caller does not
+        take the unit back: it commits, or fails, with its group.
+        """
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._waiting.append((unit, future))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_waiting(), name="group-commit")
+        return await future
+
+    async def _commit_waiting(self) -> None:
+        """Commit what waits, a group at a time, until nothing does."""
+        while self._waiting:
+            group, self._waiting = self._waiting, []
+            units = [unit for unit, _ in group]
+            try:
+                commit = functools.partial(commit_group, journal=self._journal, units=units)
+                outcomes = await self._in_thread(commit)
+            except Exception as e:  # nothing of the group is stored: each writer hears why
+                outcomes = [(False, e)] * len(group)
+            for (_, future), (ok, value) in zip(group, outcomes, strict=True):
+                if future.done():  # its writer was cancelled; its unit ran all the same
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(self._storage_failure_of(value))
+
+    def _storage_failure_of(self, e: BaseException) -> BaseException:
+        """A unit's error, a failing disk's as a :class:`StorageError`."""
+        if isinstance(e, sqlite3.Error):
+            return storage_failure(e, self.path) or e
+        return e
 
 
 D = TypeVar("D", bound=Database)
@@ -215,28 +258,6 @@ def _read_only(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA query_only=1")
     conn.execute("PRAGMA busy_timeout=1000")  # WAL readers wait only in rare recoveries
     return conn
-
-
-@contextlib.contextmanager
-def transaction(conn: sqlite3.Connection, journal: Journal) -> Iterator[None]:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any error; a constraint error is a
-    :class:`~gpulayer.errors.Conflict` (runs on aiosqlite's thread). ``journal``
-    keeps the transaction's changes only when it commits."""
-    journal.rollback()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except sqlite3.IntegrityError as e:
-        conn.execute("ROLLBACK")
-        journal.rollback()
-        raise Conflict(f"conflicts with stored data: {e}") from e
-    except BaseException:
-        if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
-            conn.execute("ROLLBACK")
-        journal.rollback()
-        raise
-    conn.execute("COMMIT")
-    journal.commit()
 
 
 #: SQLite's primary result codes that mean the storage, not the statement, failed.

@@ -5,7 +5,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from .db import Database, marks, transaction
+from .db import Database, marks
 from .records import InstanceRecord, IntentRecord, RunSpan
 from .writes import Statement, insert
 
@@ -57,14 +57,12 @@ class InstanceQueries(Database):
         """Run ``stmts`` and then ``intent`` in one transaction; the intent's ``seq``."""
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn, self._journal):
-                for sql, params in stmts:
-                    conn.execute(sql, params)
-                cur = conn.execute(*intent)
-                return int(cur.lastrowid or 0)
+            for sql, params in stmts:
+                conn.execute(sql, params)
+            cur = conn.execute(*intent)
+            return int(cur.lastrowid or 0)
 
-        async with self._tx:
-            return await self._in_thread(run)
+        return await self._commit(run)
 
     async def outcome(self, seq: int, outcome: str, now: float, instance_id: str,
                       **fields: Any) -> None:  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpulayer.contracts import TERMINAL_STATES, LogLine, LogPage
 
-from .db import INLINE_READ_ROWS, Database, transaction
+from .db import INLINE_READ_ROWS, Database
 from .records import MetricRecord, as_datetime
 
 
@@ -36,36 +36,32 @@ class OutputQueries(Database):
         """
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn, self._journal):
-                trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
-                jrow = conn.execute(
-                    "SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,)
-                ).fetchone()
-                assert trow is not None and jrow is not None
-                have, offset, used = int(trow[0]), int(jrow[0]), int(jrow[1])
-                fresh = lines[max(0, have - first_seq) :] if first_seq <= have else []
-                if not fresh:
-                    return have
-                kept, used = _within(fresh, used, max_bytes, over)
-                conn.executemany(
-                    "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
-                        for i, line in enumerate(kept)
-                    ],
-                )
-                conn.execute(
-                    "UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id)
-                )
-                conn.execute(
-                    "UPDATE jobs SET log_count = ?, log_bytes = ? WHERE id = ?",
-                    (offset + len(kept), used, job_id),
-                )
-                return have + len(fresh)
+            trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            jrow = conn.execute(
+                "SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            assert trow is not None and jrow is not None
+            have, offset, used = int(trow[0]), int(jrow[0]), int(jrow[1])
+            fresh = lines[max(0, have - first_seq) :] if first_seq <= have else []
+            if not fresh:
+                return have
+            kept, used = _within(fresh, used, max_bytes, over)
+            conn.executemany(
+                "INSERT INTO logs (job_id, offset, task_id, stream, ts, text, rank)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (job_id, offset + i, task_id, *line[:3], (*line, None)[3])
+                    for i, line in enumerate(kept)
+                ],
+            )
+            conn.execute("UPDATE tasks SET log_seq = ? WHERE id = ?", (have + len(fresh), task_id))
+            conn.execute(
+                "UPDATE jobs SET log_count = ?, log_bytes = ? WHERE id = ?",
+                (offset + len(kept), used, job_id),
+            )
+            return have + len(fresh)
 
-        async with self._tx:
-            return await self._in_thread(run)
+        return await self._commit(run)
 
     async def log_page(
         self, job_id: str, offset: int, limit: int, attempt: int | None = None
@@ -111,29 +107,25 @@ class OutputQueries(Database):
         """
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn, self._journal):
-                trow = conn.execute(
-                    "SELECT metric_seq FROM tasks WHERE id = ?", (task_id,)
-                ).fetchone()
-                assert trow is not None
-                have = int(trow[0])
-                fresh = points[max(0, have - first_seq) :] if first_seq <= have else []
-                if fresh:
-                    last = conn.execute(
-                        "SELECT COALESCE(MAX(seq), 0) FROM metrics WHERE job_id = ?", (job_id,)
-                    ).fetchone()[0]
-                    conn.executemany(
-                        "INSERT INTO metrics (job_id, seq, task_id, rank, step, epoch, ts,"
-                        " metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(job_id, last + 1 + i, task_id, *p) for i, p in enumerate(fresh)],
-                    )
-                    conn.execute(
-                        "UPDATE tasks SET metric_seq = ? WHERE id = ?", (have + len(fresh), task_id)
-                    )
-                return have + len(fresh)
+            trow = conn.execute("SELECT metric_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            assert trow is not None
+            have = int(trow[0])
+            fresh = points[max(0, have - first_seq) :] if first_seq <= have else []
+            if fresh:
+                last = conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM metrics WHERE job_id = ?", (job_id,)
+                ).fetchone()[0]
+                conn.executemany(
+                    "INSERT INTO metrics (job_id, seq, task_id, rank, step, epoch, ts,"
+                    " metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(job_id, last + 1 + i, task_id, *p) for i, p in enumerate(fresh)],
+                )
+                conn.execute(
+                    "UPDATE tasks SET metric_seq = ? WHERE id = ?", (have + len(fresh), task_id)
+                )
+            return have + len(fresh)
 
-        async with self._tx:
-            return await self._in_thread(run)
+        return await self._commit(run)
 
     async def read_metrics(self, job_id: str, after: int, limit: int) -> list[MetricRecord]:
         """Up to ``limit`` metric points of a job with ``seq`` above ``after``."""

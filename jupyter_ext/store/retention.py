@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from gpulayer.contracts import TERMINAL_STATES
 
-from .db import Database, marks, transaction
+from .db import Database, marks
 
 _ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 #: Rows of a job, children first (``tasks`` and ``results`` reference ``jobs``).
@@ -51,22 +51,20 @@ class RetentionQueries(Database):
             return []
 
         def run(conn: sqlite3.Connection) -> list[str]:
-            with transaction(conn, self._journal):
-                rows = conn.execute(
-                    f"SELECT id FROM jobs WHERE id IN ({marks(job_ids)}) AND state IN {_ENDED}"
-                    " AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id"
-                    " AND tasks.state IN ('scheduled', 'running'))",
-                    list(job_ids),
-                ).fetchall()
-                ids = [r[0] for r in rows]
-                if ids:
-                    for table in _JOB_TABLES:
-                        conn.execute(f"DELETE FROM {table} WHERE job_id IN ({marks(ids)})", ids)
-                    conn.execute(f"DELETE FROM jobs WHERE id IN ({marks(ids)})", ids)
-                return ids
+            rows = conn.execute(
+                f"SELECT id FROM jobs WHERE id IN ({marks(job_ids)}) AND state IN {_ENDED}"
+                " AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.job_id = jobs.id"
+                " AND tasks.state IN ('scheduled', 'running'))",
+                list(job_ids),
+            ).fetchall()
+            ids = [r[0] for r in rows]
+            if ids:
+                for table in _JOB_TABLES:
+                    conn.execute(f"DELETE FROM {table} WHERE job_id IN ({marks(ids)})", ids)
+                conn.execute(f"DELETE FROM jobs WHERE id IN ({marks(ids)})", ids)
+            return ids
 
-        async with self._tx:
-            return await self._in_thread(run)
+        return await self._commit(run)
 
     async def blobs_of_jobs(self, job_ids: Sequence[str]) -> set[str]:
         """The blobs these jobs name (call it before deleting them)."""

@@ -3,7 +3,7 @@
 import sqlite3
 from collections.abc import Sequence
 
-from .db import Database, marks, transaction
+from .db import Database, marks
 from .records import TokenRecord
 from .writes import insert_token
 
@@ -49,15 +49,13 @@ class TokenQueries(Database):
         """Consume a single-use token; False when it was used (or revoked) already."""
 
         def run(conn: sqlite3.Connection) -> int:
-            with transaction(conn, self._journal):
-                return conn.execute(
-                    "UPDATE tokens SET used_at = ?, revoked_at = ?"
-                    " WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
-                    (ts, ts, token_id),
-                ).rowcount
+            return conn.execute(
+                "UPDATE tokens SET used_at = ?, revoked_at = ?"
+                " WHERE id = ? AND used_at IS NULL AND revoked_at IS NULL",
+                (ts, ts, token_id),
+            ).rowcount
 
-        async with self._tx:
-            return await self._in_thread(run) == 1
+        return await self._commit(run) == 1
 
     async def worker_token_ids(self, worker_id: str) -> list[str]:
         """Ids of a worker's tokens not yet revoked."""

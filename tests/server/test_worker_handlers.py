@@ -222,6 +222,31 @@ async def test_a_job_runs_through_the_protocol_end_to_end(gl_api, jp_serverapp):
     ]
 
 
+async def test_a_completion_carries_the_last_lines_stored_once_before_the_end(gl_api, jp_serverapp):
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    acquire = asyncio.ensure_future(
+        gl_api("workers", wid, "acquire", method="POST", params={"wait": "5"}, token=tok)
+    )
+    await until_long_polls(jp_serverapp)
+    _, job = await gl_api("jobs", method="POST", json_body=JOB)
+    [a] = (await acquire)[1]["assignments"]
+    tid = a["task_id"]
+    await gl_api("tasks", tid, "logs", method="POST", token=tok,
+                 json_body={"seq": 0, "lines": lines("one")})  # fmt: skip
+    done = {"state": "succeeded", "exit_code": 0, "logs": {"seq": 1, "lines": lines("two")}}
+    status, task = await gl_api("tasks", tid, "complete", method="POST", token=tok, json_body=done)
+    assert status == 200 and task["state"] == "succeeded"
+    # The answer was lost: the worker sends the same completion again.
+    status, _ = await gl_api("tasks", tid, "complete", method="POST", token=tok, json_body=done)
+    assert status == 200
+    _, page = await gl_api("jobs", job["id"], "logs")
+    assert [ln["text"] for ln in page["lines"]] == ["one", "two"] and page["complete"] is True
+    bad = {"state": "succeeded", "logs": {"seq": -1, "lines": []}}
+    status, err = await gl_api("tasks", tid, "complete", method="POST", token=tok, json_body=bad)
+    assert status == 400 and "logs.seq" in err["message"]
+
+
 async def test_cancel_of_a_running_job_reaches_the_worker_through_acquire(gl_api, jp_serverapp):
     reg = await join(gl_api)
     wid, tok = reg["worker_id"], reg["token"]

@@ -6,6 +6,7 @@ does not depend on which async plugin the suite loads.
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -21,7 +22,7 @@ from gpulayer.worker.process import CommandRun
 from gpulayer.worker.runs import RunOutcome
 from gpulayer.worker.workspace import PRIVATE_ENV, ControlPlaneAddress, TaskDir, task_env
 
-from ..support import until_async
+from ..support import until, until_async
 
 GRACE_SECONDS = 0.5
 
@@ -368,3 +369,85 @@ def test_log_shipper_delivers_in_order_without_gaps_or_duplicates() -> None:
     assert server.lines[:2500] == [f"line {i}" for i in range(2500)]
     assert server.lines[2500:] == ["y" * 65536, "y" * (70_000 - 65536)]
     assert server.largest_batch <= 1000
+
+
+def test_the_lines_left_at_a_tasks_end_ride_its_completion_unless_it_is_refused() -> None:
+    async def scenario() -> tuple[list[LogBatch | None], PartialServer]:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=60.0)
+        runner = asyncio.create_task(shipper.run())
+        now = datetime.now().astimezone()
+        shipper.add(LogStream.system, "started", now)  # after a quiet spell: goes at once
+        await until_async(lambda: server.lines == ["started"], 5)
+        for i in range(3):  # gathered for batch_seconds: still here at the end
+            shipper.add(LogStream.stdout, f"line {i}", now)
+        first = await shipper.take_rest()
+        shipper.taken(first, stored=False)  # the completion was refused: sent as usual
+        await shipper.flush()
+        shipper.add(LogStream.system, "artifact 'x' not stored", now)
+        second = await shipper.take_rest()
+        shipper.taken(second, stored=True)
+        await shipper.flush()  # nothing left: returns at once
+        shipper.stop()
+        await runner
+        return [first, second], server
+
+    (first, second), server = asyncio.run(scenario())
+    assert first is not None and first.seq == 1
+    assert [e.text for e in first.lines] == ["line 0", "line 1", "line 2"]
+    assert server.lines == ["started", "line 0", "line 1", "line 2"]
+    assert second is not None and second.seq == 4
+    assert [e.text for e in second.lines] == ["artifact 'x' not stored"]
+
+
+def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
+    async def scenario() -> tuple[LogBatch | None, PartialServer]:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=60.0)
+        runner = asyncio.create_task(shipper.run())
+        shipper.add(LogStream.system, "started on w1", datetime.now().astimezone(), hold=True)
+        await asyncio.sleep(0.05)  # a quiet spell: a line not held would have gone
+        rest = await shipper.take_rest()
+        shipper.taken(rest, stored=True)
+        shipper.stop()
+        await runner
+        return rest, server
+
+    rest, server = asyncio.run(scenario())
+    assert server.calls == 0
+    assert rest is not None and [e.text for e in rest.lines] == ["started on w1"]
+
+
+# ------------------------------------------------------------- the start
+
+
+def test_an_ended_command_is_reaped_not_left_a_zombie(tmp_path: Path) -> None:
+    cr = command_run(tmp_path, Lines(), command=["true"])
+    assert asyncio.run(cr.run()) == RunOutcome("succeeded", 0, None)
+    assert cr.pid is not None
+    assert not psutil.pid_exists(cr.pid)  # a zombie would still have its pid
+
+
+@pytest.mark.parametrize("setpriv", [True, False], ids=["through setpriv", "forked"])
+def test_a_command_dies_with_its_agent_even_without_a_fence(tmp_path: Path, setpriv: bool) -> None:
+    # The agent here is a bare Python that runs one CommandRun (no supervisor):
+    # only the parent-death signal can stop the command when it is killed -9.
+    # "forked" is a worker without setpriv: the preexec_fn path (ADR 0130).
+    agent = (
+        "import asyncio, os, sys\n"
+        + ("" if setpriv else "import gpulayer.worker.spawning as s; s._SETPRIV = None\n")
+        + "from gpulayer.contracts import JobSpec\n"
+        "from gpulayer.worker.process import CommandRun\n"
+        "def line(stream, text, ts): print(text, flush=True)\n"
+        "run = CommandRun(JobSpec(shell='echo $$; exec sleep 100'), cwd=os.getcwd(),"
+        " env=os.environ, on_line=line)\n"
+        "asyncio.run(run.run())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPULAYER_FENCE"}
+    with subprocess.Popen([sys.executable, "-c", agent], cwd=tmp_path, env=env, stdout=-1) as proc:
+        try:
+            assert proc.stdout is not None
+            command = psutil.Process(int(proc.stdout.readline()))
+        finally:
+            proc.kill()
+    until(lambda: gone(command), 10, "the command to die with its agent")

@@ -1,0 +1,107 @@
+"""Group commits (jupyter_ext/store/commits.py, docs/adr/0112): writes that arrive
+while a commit is in flight share the next one, each is answered only once that
+commit is on disk, and a write that fails is refused alone."""
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+
+from gpulayer.errors import Conflict
+from jupyter_ext.store import Store, TokenRecord
+from jupyter_ext.store.writes import insert_token
+
+
+def token(i: int | str) -> TokenRecord:
+    return TokenRecord(
+        id=f"t{i}", name=f"n{i}", role="submitter", hash=f"h{i}", created_at=time.time(),
+        expires_at=None, revoked_at=None, worker_id=None, single_use=False, used_at=None,
+    )  # fmt: skip
+
+
+def stored_ids(path) -> set[str]:
+    """What another process reading the file sees now."""
+    with sqlite3.connect(path) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM tokens")}
+
+
+def wal_frames(path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
+
+
+def test_writes_that_arrive_together_share_commits_and_each_is_stored_when_answered(tmp_path):
+    path = tmp_path / "gl.db"
+
+    async def body():
+        store = await Store(path).open()
+        try:
+            with sqlite3.connect(path) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # count from an empty WAL
+
+            async def write(i: int) -> None:
+                await store.insert_token(token(i))
+                assert f"t{i}" in stored_ids(path)  # answered only once committed
+
+            await asyncio.gather(*(write(i) for i in range(100)))
+            assert stored_ids(path) == {f"t{i}" for i in range(100)}
+            # A commit a write would append about five WAL frames each (100 writes
+            # stay under the automatic checkpoint at 1000 frames, which empties it).
+            assert wal_frames(path) < 100
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_write_that_fails_is_refused_alone_and_the_rest_of_its_commit_is_stored(tmp_path):
+    path = tmp_path / "gl.db"
+
+    async def body():
+        store = await Store(path).open()
+        try:
+            await store.insert_token(token("old"))
+            await store.insert_token(token("kept"))
+            heard: list[tuple[str, bool]] = []
+            store.on_token_change(heard.extend)
+            revoke_kept = ("UPDATE tokens SET revoked_at = 1 WHERE id = ?", ("tkept",))
+            results = await asyncio.gather(
+                store.insert_token(token(1)),
+                # Revokes a token, then fails: the revocation goes with it.
+                store.apply([revoke_kept, insert_token(token("old"))]),
+                store.insert_token(token(2)),
+                return_exceptions=True,
+            )
+            assert results[0] is None and results[2] is None
+            assert isinstance(results[1], Conflict)
+            assert "conflicts with stored data" in str(results[1])
+            assert stored_ids(path) == {"told", "tkept", "t1", "t2"}
+            kept = await store.token_by_id("tkept")
+            assert kept is not None and kept.revoked_at is None
+            assert heard == []  # the token cache never heard of the rolled-back revocation
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_write_whose_caller_gave_up_is_stored_all_the_same(tmp_path):
+    path = tmp_path / "gl.db"
+
+    async def body():
+        store = await Store(path).open()
+        try:
+            first = asyncio.ensure_future(store.insert_token(token(1)))
+            second = asyncio.ensure_future(store.insert_token(token(2)))
+            await asyncio.sleep(0)  # both are waiting for their commit
+            second.cancel()
+            await first
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            await store.insert_token(token(3))  # a later commit: the group is done
+            assert stored_ids(path) == {"t1", "t2", "t3"}
+        finally:
+            await store.close()
+
+    asyncio.run(body())
