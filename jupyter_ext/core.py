@@ -21,6 +21,7 @@ from gpulayer.contracts import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LEASE_SECONDS,
     STORED,
+    Assignment,
     JobSpec,
     JobState,
 )
@@ -79,15 +80,19 @@ class Quotas:
 
 
 class Mailbox:
-    """Cancels and interrupts not yet handed to their worker's acquire.
+    """Cancels, interrupts and started tasks not yet handed to their worker's acquire.
 
     Cancels stay until an acquire answer that carried them is stored (heartbeat
     replies repeat them anyway); interrupts go out once (docs/adr/0042).
+    Assignments of tasks stored as started when they were submitted (a warm
+    session's cell, a call placed at once on a worker whose acquire waits;
+    docs/adr/0133) go out once, with the next acquire answer.
     """
 
     def __init__(self) -> None:
         self._cancels: dict[str, set[str]] = defaultdict(set)
         self._interrupts: dict[str, set[str]] = defaultdict(set)
+        self._started: dict[str, list[Assignment]] = defaultdict(list)
 
     def cancel(self, worker_id: str, task_id: str) -> None:
         """Queue a cancel of ``task_id`` for its worker."""
@@ -108,6 +113,18 @@ class Mailbox:
     def delivered(self, worker_id: str, cancels: Iterable[str]) -> None:
         """An acquire answer carrying ``cancels`` is on its way."""
         self._cancels[worker_id].difference_update(cancels)
+
+    def started(self, worker_id: str, assignment: Assignment) -> None:
+        """Queue the assignment of a task already stored as started (lock held)."""
+        self._started[worker_id].append(assignment)
+
+    def take_started(self, worker_id: str) -> list[Assignment]:
+        """The assignments of started tasks waiting for ``worker_id``, forgotten now."""
+        return self._started.pop(worker_id, [])
+
+    def has_started(self, worker_id: str) -> bool:
+        """Whether assignments of started tasks wait for ``worker_id``."""
+        return bool(self._started.get(worker_id))
 
 
 class Core:
