@@ -34,7 +34,7 @@ from .placement import shape
 from .prometheus import Instruments
 from .provisioning import Board
 from .queue import Filing, QueueIndex
-from .store import JobRecord, Statement, Store, TaskRecord
+from .store import JobRecord, ResultRecord, Statement, Store, TaskRecord
 from .store.writes import append_system_line
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import retry_or_end, task_end
@@ -48,6 +48,21 @@ def _filing(spec: JobSpec, key: str) -> Filing:
     """How the queue index files a job of ``spec`` (shape ``key``)."""
     placed = None if spec.in_session else gangs.shape_key(spec, key)
     return Filing(placed, spec.resources, spec.queue_timeout, gangs.is_gang(spec))
+
+
+def ended_reason(state: JobState, reason: str | None) -> str:
+    """The reason a task's end gives its job: the reported one, else the state's."""
+    return reason or ("exit code 0" if state == JobState.succeeded else state.value)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A job's end being committed, as the job will read once it is (docs/adr/0112:
+    a waiting caller may have its answer before the commit finishes)."""
+
+    job: JobRecord
+    tasks: list[TaskRecord]
+    result: ResultRecord | None
 
 
 def new_id() -> str:
@@ -159,6 +174,9 @@ class Core:
         self._specs: OrderedDict[str, tuple[JobSpec, str]] = OrderedDict()
         #: Queued jobs by placement shape and by queue deadline.
         self.queue = QueueIndex(store.queued)
+        #: Ends of function and cell jobs while their commit is in flight, by job id:
+        #: a job wait answers from here (``Tasks.complete``).
+        self.ending: dict[str, Ending] = {}
 
     # ---------------------------------------------------------------- specs
 
@@ -264,15 +282,17 @@ class Core:
         *,
         retry: bool = True,
         reported: bool = False,
+        now: float | None = None,
     ) -> list[Statement]:
         """Statements that end ``task`` and move its job on (lock held); ``retry``
         False ends the job even when attempts are left (the failure is its answer);
         ``reported``: the worker reported the end itself, its lines flushed first
-        (otherwise a ``lost`` task was given up, and its log says so)."""
+        (otherwise a ``lost`` task was given up, and its log says so); ``now``: the
+        time of the end (the clock's when not given)."""
         job = await self.job(task.job_id)
         spec = self.spec(job)
-        why = reason or ("exit code 0" if state == JobState.succeeded else state.value)
-        now = self.clock()
+        why = ended_reason(state, reason)
+        now = self.clock() if now is None else now
         gap = [] if reported else await self._lost_lines(task, state, now)
         if gangs.is_gang(spec):
             tasks = await self.store.tasks_of_job(job.id)

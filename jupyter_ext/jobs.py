@@ -192,8 +192,9 @@ class Jobs:
         await self._check_queue_quota(owner, len(specs))
         for spec in specs:
             await self._check_blobs(spec, viewer)
+        sessions = None
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
-            await self._sessions.check(specs, owner)
+            sessions = await self._sessions.check(specs, owner)
         await self._secrets.check(specs, owner)
         now = core.clock()
         ids = [new_id() for _ in specs]
@@ -207,7 +208,9 @@ class Jobs:
             stmts += insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
         placed = False
         if len(specs) == 1:  # placed (and started) in the same transaction when it can be
-            placed = await self._store_placed(ids[0], specs[0], dumped[0], owner, now, stmts)
+            placed = await self._store_placed(
+                ids[0], specs[0], dumped[0], owner, now, stmts, sessions
+            )
         if not placed:
             await core.store.apply(stmts)
             self._filed(ids, specs, owner)
@@ -241,6 +244,7 @@ class Jobs:
         owner: str,
         now: float,
         stmts: list[Statement],
+        sessions: dict[tuple[str, str], JobRecord] | None = None,
     ) -> bool:
         """Store a new job placed at once, in one transaction with its submit, when
         the placement pass after the submit would place it right away: a cell of a
@@ -248,11 +252,12 @@ class Jobs:
         queued and a worker has room. When that worker's acquire waits, the task is
         started in the same transaction and its assignment handed to the acquire
         (``Mailbox.started``). False, storing nothing, when it cannot be placed at
-        once (docs/adr/0133)."""
+        once (docs/adr/0133). ``sessions``: the owner's sessions as the submit's
+        checks read them."""
         core = self._core
         async with core.lock:
             if spec.in_session:
-                spot = await self._sessions.warm_spot((owner, spec.in_session))
+                spot = await self._sessions.warm_spot((owner, spec.in_session), sessions)
             else:
                 spot = await self._placer.spot_at_submit(spec)
             if spot is None:
@@ -345,16 +350,30 @@ class Jobs:
     ) -> Job:
         """A job with its tasks, a small result (and, while queued, why it waits); its
         ``env`` values only for its owner and admins."""
-        core = self._core
+        store = self._core.store
         row = await self.visible(job_id, viewer)
-        tasks = await core.store.tasks_of_job(job_id)
+        tasks = await store.tasks_of_job(job_id)
+        answers = with_result and self._core.spec(row).kind in _ANSWERING and row.ended
+        return await self._model(
+            row, tasks, viewer, await store.result(job_id) if answers else None
+        )
+
+    async def _model(
+        self,
+        row: JobRecord,
+        tasks: list[TaskRecord],
+        viewer: Principal | None,
+        result: ResultRecord | None,
+    ) -> Job:
+        """The job ``get`` answers, from its records (``result``: its small result)."""
+        core = self._core
+        job_id = row.id
         names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
         job = access.shown(viewer, row.model(tasks, names, core.spec(row)))
         current = [t for t in job.tasks if t.attempt == job.attempts and t.environment]
         if current:  # a gang's nodes build the same env: the first node's speaks for it
             job.environment = min(current, key=lambda t: t.node_rank or 0).environment
-        if with_result and job.spec.kind in _ANSWERING and row.ended:
-            _attach(job, await core.store.result(job_id))
+        _attach(job, result)
         job.provisioning = core.board.queued_note(job.id, job.state)
         if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
             job.cost = job_cost(spans, core.clock())
@@ -444,9 +463,13 @@ class Jobs:
     ) -> Job | None:
         """The job once it ended, or None if it is still going after ``timeout`` s."""
         await self.visible(job_id, viewer)
+        core = self._core
 
         async def ended() -> Job | None:
-            row = await self._core.store.get_job(job_id)
+            early = core.ending.get(job_id)  # its end is being committed (docs/adr/0112)
+            if early is not None:
+                return await self._model(early.job, early.tasks, viewer, early.result)
+            row = await core.store.get_job(job_id)
             return await self.get(job_id, viewer) if row is not None and row.ended else None
 
         return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)

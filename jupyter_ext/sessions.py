@@ -76,9 +76,10 @@ class Sessions:
             elif spec.session is not None:
                 self._activity[r.owner, spec.session.name] = now
 
-    async def check(self, specs: Sequence[JobSpec], owner: str) -> None:
+    async def check(self, specs: Sequence[JobSpec], owner: str) -> dict[Key, JobRecord]:
         """Refuse ``owner``'s sessions whose name it already uses, and its cells in
         sessions it does not have (another owner's session of that name does not count).
+        Answers the sessions that have not ended, as :meth:`active` (read once).
 
         Raises
         ------
@@ -103,6 +104,7 @@ class Sessions:
                     f" (or %%gpulayer --session {spec.in_session})",
                     field="cell.session",
                 )
+        return active
 
     def submitted(self, job_id: str, spec: JobSpec, owner: str) -> None:
         """Note a new session or cell of ``owner``."""

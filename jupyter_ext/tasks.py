@@ -14,6 +14,7 @@ current attempt's outcome is ever kept; the worker stops such a task.
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from gpulayer.contracts import (
     Artifact,
@@ -30,16 +31,16 @@ from gpulayer.contracts import (
 )
 from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
 
-from . import access
+from . import access, gangs
 from .artifacts import BlobUpload
 from .auth import Principal
-from .core import Core
+from .core import Core, Ending, ended_reason
 from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
-from .store import ArtifactRecord, Statement, TaskRecord
+from .store import ArtifactRecord, ResultRecord, Statement, TaskRecord
 from .store.writes import forget_parts_of, put_result, set_task_environment
-from .streams import logs_key
+from .streams import job_key, logs_key
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +171,17 @@ class Tasks:
                 if task.ended:  # in the meantime (a lease ran out)
                     await self._fence(task)
                 else:
-                    await core.store.apply(await self._ending(task, done))
-            log.info("task %s %s", task_id, done.state)
+                    now = core.clock()
+                    stmts = await self._ending(task, done, now)
+                    early = await self._early(task, done, now)
+                    if early is not None:  # the waiting caller has it while this commits
+                        core.ending[task.job_id] = early
+                        core.notifier.notify(job_key(task.job_id))
+                    try:
+                        await core.store.apply(stmts)
+                    finally:
+                        core.ending.pop(task.job_id, None)
+            log.debug("task %s %s", task_id, done.state)
             await self._sessions.job_ended(task.job_id)
             if done.state == JobState.lost and task.worker_id:
                 # The worker gave the task up because it is going away: place nothing
@@ -195,8 +205,39 @@ class Tasks:
                 f" attempt {job.attempts} now; stop it"
             )
 
-    async def _ending(self, task: TaskRecord, done: TaskCompletion) -> list[Statement]:
-        """Statements that record ``done`` for ``task`` (lock held)."""
+    async def _early(self, task: TaskRecord, done: TaskCompletion, now: float) -> Ending | None:
+        """How a function or cell job reads once ``done`` (its end, inline result and
+        all) is committed, for the caller waiting for it (docs/adr/0112); None where
+        the end is not that simple (a retry, a cancel, a gang, a map chunk, a result
+        kept as a blob): those callers read the store after the commit."""
+        state = JobState(done.state)
+        if state not in (JobState.succeeded, JobState.failed) or task.cancel_requested:
+            return None
+        if done.result_blob is not None:
+            return None
+        core = self._core
+        job = await core.job(task.job_id)
+        spec = core.spec(job)
+        if spec.kind not in (JobKind.function, JobKind.cell) or gangs.is_gang(spec):
+            return None
+        if spec.function is not None and spec.function.calls > 1:
+            return None
+        if state == JobState.failed and done.retry and job.attempts <= spec.retries:
+            return None  # it goes back to the queue
+        why = ended_reason(state, done.reason)
+        env = done.environment.model_dump_json() if done.environment else task.environment_json
+        ended = replace(task, state=state, exit_code=done.exit_code, reason=why, ended_at=now,
+                        environment_json=env)  # fmt: skip
+        tasks = [ended if t.id == task.id else t for t in await core.store.tasks_of_job(job.id)]
+        row = replace(job, state=state, reason=why, exit_code=done.exit_code, updated_at=now,
+                      ended_at=now)  # fmt: skip
+        result = None
+        if done.result is not None:
+            result = ResultRecord(job.id, task.id, done.result, None, len(done.result))
+        return Ending(row, tasks, result)
+
+    async def _ending(self, task: TaskRecord, done: TaskCompletion, now: float) -> list[Statement]:
+        """Statements that record ``done`` for ``task`` at ``now`` (lock held)."""
         reason = done.reason
         if task.cancel_requested and (
             done.state == JobState.cancelled or await self._is_session(task.job_id)
@@ -204,7 +245,7 @@ class Tasks:
             reason = await self._cancel_reason(task) or reason  # how it was ended
         state = JobState(done.state)
         stmts = await self._core.finish(
-            task, state, done.exit_code, reason, retry=done.retry, reported=True
+            task, state, done.exit_code, reason, retry=done.retry, reported=True, now=now
         )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
