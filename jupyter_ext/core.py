@@ -283,13 +283,15 @@ class Core:
         retry: bool = True,
         reported: bool = False,
         now: float | None = None,
+        job: JobRecord | None = None,
     ) -> list[Statement]:
         """Statements that end ``task`` and move its job on (lock held); ``retry``
         False ends the job even when attempts are left (the failure is its answer);
         ``reported``: the worker reported the end itself, its lines flushed first
         (otherwise a ``lost`` task was given up, and its log says so); ``now``: the
-        time of the end (the clock's when not given)."""
-        job = await self.job(task.job_id)
+        time of the end (the clock's when not given); ``job``: the task's job as just
+        read under the lock (read here when not given)."""
+        job = job or await self.job(task.job_id)
         spec = self.spec(job)
         why = ended_reason(state, reason)
         now = self.clock() if now is None else now

@@ -38,7 +38,7 @@ from .core import Core, Ending, ended_reason
 from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
-from .store import ArtifactRecord, ResultRecord, Statement, TaskRecord
+from .store import ArtifactRecord, JobRecord, ResultRecord, Statement, TaskRecord
 from .store.writes import forget_parts_of, put_result, set_task_environment
 from .streams import job_key, logs_key
 
@@ -166,14 +166,16 @@ class Tasks:
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
         if not task.ended:
+            job: JobRecord | None = None
             async with core.lock:
                 task = await core.task(task_id)
                 if task.ended:  # in the meantime (a lease ran out)
                     await self._fence(task)
                 else:
                     now = core.clock()
-                    stmts = await self._ending(task, done, now)
-                    early = await self._early(task, done, now)
+                    job = await core.job(task.job_id)
+                    stmts = await self._ending(task, done, now, job)
+                    early = await self._early(task, done, now, job)
                     if early is not None:  # the waiting caller has it while this commits
                         core.ending[task.job_id] = early
                         core.notifier.notify(job_key(task.job_id))
@@ -182,7 +184,9 @@ class Tasks:
                     finally:
                         core.ending.pop(task.job_id, None)
             log.debug("task %s %s", task_id, done.state)
-            await self._sessions.job_ended(task.job_id)
+            job = job or await core.job(task.job_id)
+            if core.spec(job).kind in (JobKind.cell, JobKind.session):
+                await self._sessions.job_ended(task.job_id)
             if done.state == JobState.lost and task.worker_id:
                 # The worker gave the task up because it is going away: place nothing
                 # more there (its next heartbeat, if any, brings it back).
@@ -205,7 +209,9 @@ class Tasks:
                 f" attempt {job.attempts} now; stop it"
             )
 
-    async def _early(self, task: TaskRecord, done: TaskCompletion, now: float) -> Ending | None:
+    async def _early(
+        self, task: TaskRecord, done: TaskCompletion, now: float, job: JobRecord
+    ) -> Ending | None:
         """How a function or cell job reads once ``done`` (its end, inline result and
         all) is committed, for the caller waiting for it (docs/adr/0112); None where
         the end is not that simple (a retry, a cancel, a gang, a map chunk, a result
@@ -216,7 +222,6 @@ class Tasks:
         if done.result_blob is not None:
             return None
         core = self._core
-        job = await core.job(task.job_id)
         spec = core.spec(job)
         if spec.kind not in (JobKind.function, JobKind.cell) or gangs.is_gang(spec):
             return None
@@ -236,8 +241,10 @@ class Tasks:
             result = ResultRecord(job.id, task.id, done.result, None, len(done.result))
         return Ending(row, tasks, result)
 
-    async def _ending(self, task: TaskRecord, done: TaskCompletion, now: float) -> list[Statement]:
-        """Statements that record ``done`` for ``task`` at ``now`` (lock held)."""
+    async def _ending(
+        self, task: TaskRecord, done: TaskCompletion, now: float, job: JobRecord
+    ) -> list[Statement]:
+        """Statements that record ``done`` for ``task`` of ``job`` at ``now`` (lock held)."""
         reason = done.reason
         if task.cancel_requested and (
             done.state == JobState.cancelled or await self._is_session(task.job_id)
@@ -245,7 +252,7 @@ class Tasks:
             reason = await self._cancel_reason(task) or reason  # how it was ended
         state = JobState(done.state)
         stmts = await self._core.finish(
-            task, state, done.exit_code, reason, retry=done.retry, reported=True, now=now
+            task, state, done.exit_code, reason, retry=done.retry, reported=True, now=now, job=job
         )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
