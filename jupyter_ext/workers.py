@@ -194,6 +194,7 @@ class Workers:
             stmts.append(delete_worker(row.id))
             await core.store.apply(stmts)
             core.fleet.forget(row.id)
+            core.mailbox.take_started(row.id)  # their tasks ended above
         for job_id in jobs:
             core.notify_job(job_id)
         log.info("worker %s (%s) forgotten", row.name, row.id)
