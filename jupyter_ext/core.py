@@ -24,6 +24,7 @@ from gpulayer.contracts import (
     Assignment,
     JobSpec,
     JobState,
+    LogLine,
 )
 from gpulayer.errors import NotFound
 
@@ -63,6 +64,24 @@ class Ending:
     job: JobRecord
     tasks: list[TaskRecord]
     result: ResultRecord | None
+
+
+@dataclass(frozen=True)
+class Arriving:
+    """A cell's log lines being committed, with the offsets they are stored at
+    (docs/adr/0112: its follower may have them before the commit finishes)."""
+
+    lines: list[LogLine]
+
+    @property
+    def first(self) -> int:
+        """The offset of the first line."""
+        return self.lines[0].offset
+
+    @property
+    def end(self) -> int:
+        """The offset after the last line."""
+        return self.lines[-1].offset + 1
 
 
 def new_id() -> str:
@@ -177,6 +196,9 @@ class Core:
         #: Ends of function and cell jobs while their commit is in flight, by job id:
         #: a job wait answers from here (``Tasks.complete``).
         self.ending: dict[str, Ending] = {}
+        #: A cell's log lines while their batch commits, by job id: its follower
+        #: answers from here (``Tasks.append_logs``).
+        self.arriving: dict[str, Arriving] = {}
 
     # ---------------------------------------------------------------- specs
 

@@ -15,6 +15,7 @@ Every method that takes a ``viewer`` applies ``access.py``: a job the viewer may
 not see is answered as if it did not exist.
 """
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -279,6 +280,10 @@ class Jobs:
         core.instruments.placement_latency.observe(0.0)
         core.notify_worker(w.id)
         core.notify_job(job_id)
+        if assignment is not None:
+            # Let the woken acquire push the assignment before this submit's answer is
+            # read and written: the worker starts while the caller reads its answer.
+            await asyncio.sleep(0)
         return True
 
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
@@ -501,9 +506,14 @@ class Jobs:
         """Lines from ``offset`` (only attempt ``attempt``'s when given); waits up to
         ``wait`` s for the first new one."""
         await self.visible(job_id, viewer)
-        store = self._core.store
+        core = self._core
+        store = core.store
 
         async def page() -> LogPage | None:
+            early = core.arriving.get(job_id)  # a cell's lines being committed (ADR 0112)
+            if early is not None and attempt is None and early.first <= offset < early.end:
+                lines = [line for line in early.lines if line.offset >= offset][:limit]
+                return LogPage(lines=lines, next_offset=lines[-1].offset + 1, complete=False)
             got = await store.log_page(job_id, offset, limit, attempt)
             return got if (got.lines or got.complete) else None
 

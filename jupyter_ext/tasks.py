@@ -15,6 +15,7 @@ current attempt's outcome is ever kept; the worker stops such a task.
 import asyncio
 import logging
 from dataclasses import replace
+from typing import Any
 
 from gpulayer.contracts import (
     Artifact,
@@ -23,6 +24,7 @@ from gpulayer.contracts import (
     JobState,
     LogAck,
     LogBatch,
+    LogLine,
     ResultPartBatch,
     Task,
     TaskCompletion,
@@ -34,11 +36,11 @@ from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
 from . import access, gangs
 from .artifacts import BlobUpload
 from .auth import Principal
-from .core import Core, Ending, ended_reason
+from .core import Arriving, Core, Ending, ended_reason
 from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
-from .store import ArtifactRecord, JobRecord, ResultRecord, Statement, TaskRecord
+from .store import ArtifactRecord, JobRecord, ResultRecord, Statement, TaskRecord, as_datetime
 from .store.writes import forget_parts_of, put_result, set_task_environment
 from .streams import job_key, logs_key
 
@@ -84,15 +86,50 @@ class Tasks:
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
             for e in batch.lines
         ]
-        most = self._core.quotas.log_bytes_per_job
+        core = self._core
+        most = core.quotas.log_bytes_per_job
         over = (
             f"gpulayer: this job's log reached its limit of {most} bytes"
             " (c.GpulayerApp.max_log_bytes_per_job); later lines are dropped"
         )
-        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
-        self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
-        self._core.notifier.notify(logs_key(task.job_id))
+        early = await self._arriving(task, batch.seq, lines, most)
+        if early is not None:  # the cell's follower has them while they commit
+            core.arriving[task.job_id] = early
+            core.notifier.notify(logs_key(task.job_id))
+        try:
+            n = await core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
+        finally:
+            if early is not None and core.arriving.get(task.job_id) is early:
+                del core.arriving[task.job_id]
+        core.instruments.log_lines.inc(max(0, n - task.log_seq))
+        core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
+
+    async def _arriving(
+        self, task: TaskRecord, seq: int, lines: list[tuple[Any, ...]], most: int
+    ) -> Arriving | None:
+        """The lines of a batch of a cell in a session as they will be stored (their
+        offsets after the job's stored lines), for its follower (docs/adr/0112); None
+        for other jobs, a batch that repeats lines, or one the quota would cut."""
+        core = self._core
+        if not lines or seq != task.log_seq or task.job_id not in self._sessions.open_cells:
+            return None
+        count, used = await core.store.log_usage(task.job_id)
+        if used + sum(len(line[2].encode()) for line in lines) > most:
+            return None
+        return Arriving(
+            [
+                LogLine(
+                    offset=count + i,
+                    stream=stream,
+                    ts=as_datetime(ts),
+                    text=text,
+                    task_id=task.id,
+                    rank=rank,
+                )
+                for i, (stream, ts, text, rank) in enumerate(lines)
+            ]
+        )
 
     async def set_environment(
         self, reporter: Principal | None, task_id: str, env: TaskEnvironment

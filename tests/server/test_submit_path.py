@@ -1,14 +1,16 @@
 """The warm call path (issue 20, docs/adr/0133 and 0112) on a real SQLite file: a
 submit stored with its placement and start in one transaction and handed to the
-worker's waiting acquire; a caller waiting for a function's end answered while the
-completion commits, with exactly what the store says once it has."""
+worker's waiting acquire; a caller waiting for a function's end, and a cell's
+follower waiting for its lines, answered while the commit runs, with exactly what
+the store says once it has."""
 
 import asyncio
 import functools
+from datetime import UTC, datetime
 
 import pytest
 
-from gpulayer.contracts import JobSpec, TaskCompletion
+from gpulayer.contracts import JobSpec, LogBatch, LogEntry, TaskCompletion
 from jupyter_ext.store import Store
 
 from .planes import plane_on
@@ -138,5 +140,50 @@ def test_a_failed_attempt_with_retries_left_is_not_answered_as_the_end(world):
             await cp.tasks.complete(as_worker(r), task.task_id, failed)
             assert await waiter is None  # it is queued again, not ended
             assert (await cp.jobs.get(job.id)).state in ("queued", "scheduled")
+
+    run(body())
+
+
+def test_a_cells_follower_has_its_lines_while_their_batch_commits(world):
+    async def body():
+        async with world() as (cp, _):
+            r = await cp.workers.register(reg("box"))
+            session = JobSpec(kind="session", session={"name": "s"})
+            await cp.jobs.submit(session, "u")
+            await cp.workers.acquire(r.worker_id, 0)  # the session's kernel runs
+            waiting = asyncio.ensure_future(cp.workers.acquire(r.worker_id, 5))
+            await asyncio.sleep(0)
+            cell = await cp.jobs.submit(
+                JobSpec(kind="cell", cell={"source": "print(1)", "session": "s"}), "u"
+            )
+            task = (await asyncio.wait_for(waiting, 5)).assignments[0]
+            assert cell.state == "running" and task.job_id == cell.id
+            follower = asyncio.ensure_future(cp.jobs.logs(cell.id, 0, 100, 5))
+            await asyncio.sleep(0)
+            held, release = asyncio.Event(), asyncio.Event()
+            append = cp.store.append_logs
+
+            async def slow_commit(*args, **kw):  # the batch's commit waits for the test
+                held.set()
+                await release.wait()
+                return await append(*args, **kw)
+
+            cp.store.append_logs = slow_commit  # type: ignore[method-assign]
+            now = datetime.now(UTC)
+            lines = [LogEntry(stream="iopub", ts=now, text=t) for t in ('{"a": 1}', '{"b": 2}')]
+            shipping = asyncio.ensure_future(
+                cp.tasks.append_logs(as_worker(r), task.task_id, LogBatch(seq=0, lines=lines))
+            )
+            await held.wait()
+            early = await asyncio.wait_for(follower, 5)  # answered, the commit still held
+            assert not shipping.done()
+            assert (await cp.store.log_page(cell.id, 0, 100)).lines == []  # not durable yet
+            release.set()
+            assert (await shipping).next_seq == 2
+            cp.store.append_logs = append  # type: ignore[method-assign]
+            stored = await cp.store.log_page(cell.id, 0, 100)
+            assert [line.text for line in early.lines] == ['{"a": 1}', '{"b": 2}']
+            assert early.lines == stored.lines  # offsets, times, texts: as stored
+            assert early.next_offset == stored.next_offset == 2
 
     run(body())
