@@ -205,9 +205,12 @@ the client is the same code). Three runs:
 | 500 calls (~7) | 20.8 / 37.5 / 65.8 | 17.1 / 33.1 / 63.8 | 4.32 -> 3.80 | 2.30 -> 2.36 |
 | 500 calls (~6) | 16.4 / 48.3 / 197 | 12.3 / 41.9 / 91.6 | 4.10 -> 3.38 | 2.18 -> 2.16 |
 | 300 calls (~5) | 17.1 / 40.0 / 161 | 12.9 / 29.4 / 90.0 | 4.13 -> 3.37 | 2.30 -> 2.27 |
+| 300 calls (~2.6), final code | 7.45 / 21.7 / 36.6 | 6.35 / 19.1 / 31.7 | 3.30 -> 2.83 | 1.83 -> 1.77 |
 
-CPU is per call, main -> this branch, in ms. The worker was not touched (its
-CPU is the same); the runner takes ~0.5 ms. On the quiet
+CPU is per call, main -> this branch, in ms. The first three rows are before the
+last commits (the body scan, the worker's cheaper channel answers, the push
+before the submit's answer); the worker barely changed; the runner takes
+0.3-0.5 ms. On the quiet
 machine before anyone else's tests started (load 0.05),
 `benchmarks/call_cpu.py --calls 200` on main gave 5.15 ms per call (client 0.75,
 control plane 2.65, worker 1.50, runner 0.25) and a wall p50 of 4.7 ms; the
