@@ -205,7 +205,7 @@ the client is the same code). Three runs:
 | 500 calls (~7) | 20.8 / 37.5 / 65.8 | 17.1 / 33.1 / 63.8 | 4.32 -> 3.80 | 2.30 -> 2.36 |
 | 500 calls (~6) | 16.4 / 48.3 / 197 | 12.3 / 41.9 / 91.6 | 4.10 -> 3.38 | 2.18 -> 2.16 |
 | 300 calls (~5) | 17.1 / 40.0 / 161 | 12.9 / 29.4 / 90.0 | 4.13 -> 3.37 | 2.30 -> 2.27 |
-| 300 calls (~2.6), final code | 7.45 / 21.7 / 36.6 | 6.35 / 19.1 / 31.7 | 3.30 -> 2.83 | 1.83 -> 1.77 |
+| 300, final code (~2.6) | 7.45 / 21.7 / 36.6 | 6.35 / 19.1 / 31.7 | 3.30 -> 2.83 | 1.83 -> 1.77 |
 
 CPU is per call, main -> this branch, in ms. The first three rows are before the
 last commits (the body scan, the worker's cheaper channel answers, the push
