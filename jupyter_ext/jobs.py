@@ -215,7 +215,15 @@ class Jobs:
         if not placed:
             await core.store.apply(stmts)
             self._filed(ids, specs, owner)
-        log.debug("%d job(s) %s, first %s", len(ids), "placed" if placed else "queued", ids[0])
+        quiet = all(s.kind in (JobKind.function, JobKind.cell) for s in specs)  # calls, cells
+        how = "placed" if placed else "queued"
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "%d job(s) %s, first %s",
+            len(ids),
+            how,
+            ids[0],
+        )
         if not placed:
             try:
                 if all(s.in_session for s in specs):

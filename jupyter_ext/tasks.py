@@ -220,9 +220,12 @@ class Tasks:
                         await core.store.apply(stmts)
                     finally:
                         core.ending.pop(task.job_id, None)
-            log.debug("task %s %s", task_id, done.state)
             job = job or await core.job(task.job_id)
-            if core.spec(job).kind in (JobKind.cell, JobKind.session):
+            kind = core.spec(job).kind
+            # A call or a cell a second is no news in the server's log; the rest is.
+            quiet = kind in (JobKind.function, JobKind.cell)
+            log.log(logging.DEBUG if quiet else logging.INFO, "task %s %s", task_id, done.state)
+            if kind in (JobKind.cell, JobKind.session):
                 await self._sessions.job_ended(task.job_id)
             if done.state == JobState.lost and task.worker_id:
                 # The worker gave the task up because it is going away: place nothing
