@@ -182,18 +182,19 @@ def bench_dask(args: argparse.Namespace) -> dict[str, Any]:
 NOTES = """
 ## Latest run (issue 20 item 2: one transaction per submit, the end answered while it commits)
 
-The table above: 300 round trips after 30 warm-up calls, a burst of 1000, on a
-2-CPU machine shared with three other engineers' test runs (load average 4-5
-during it). A second run ten minutes later, at load ~7, gave gpulayer 16.1 /
-26.8 / 51.2 ms (p50 / p90 / p99) against Ray's 1.7 / 1.9 / 2.2 ms: at this load
-a row moves 2x between runs, so the targets below are judged on both, and the
-change itself on an A/B run in which both versions share the load.
+The table above: the final code, 300 round trips after 30 warm-up calls, a burst
+of 1000, on a 2-CPU machine shared with three other engineers' test runs (load
+average 3-5 during it). Two earlier runs of this branch, before its last commits,
+gave gpulayer 8.1 / 15.7 / 28.6 ms (p50 / p90 / p99; load 4-5; Ray 1.9 / 4.0 /
+8.1 ms) and 16.1 / 26.8 / 51.2 ms (load ~7; Ray 1.7 / 1.9 / 2.2 ms): at this load
+a row moves 2x between runs, so the targets are judged on all three, and the
+change itself on A/B runs in which both versions share the load.
 
 | target | result | met? |
 | --- | --- | --- |
-| `.run` p50 <= Ray's p50 | 8.1 ms vs 1.9 ms (4.2x); 16.1 vs 1.7 ms in the second run | no |
-| `.run` p99 <= 10 ms | 28.6 ms; 51.2 ms in the second run | no |
-| `.map` burst >= 2x Ray | 9015 calls/s vs 1244 (7.2x); 4941 vs 1422 (3.5x) | yes |
+| `.run` p50 <= Ray's p50 | 14.1 ms vs 2.0 ms (7.2x); 8.1 vs 1.9 and 16.1 vs 1.7 ms earlier | no |
+| `.run` p99 <= 10 ms | 47.2 ms; 28.6 and 51.2 ms earlier | no |
+| `.map` burst >= 2x Ray | 4484 calls/s vs 1525 (2.9x); 7.2x and 3.5x earlier | yes |
 
 **A/B, same load** (`benchmarks/ab.py --base /work/main --head .`: two
 `LocalCluster`s at once, one running main's control plane and worker, one this
