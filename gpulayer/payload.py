@@ -305,18 +305,34 @@ def _is_local(name: str, mod: ModuleType) -> bool:
     return not path.startswith(_installed_roots()) and not any(d in path for d in _INSTALLED_DIRS)
 
 
+_local_names: tuple[tuple[int, str], list[str]] = ((-1, ""), [])
+
+
 def local_modules() -> Iterator[ModuleType]:
     """Modules imported from the user's own files: not built in, not under the
     standard library or site-packages, not gpulayer itself. Each module name is
-    judged once (checking paths is slow; a payload is made per call)."""
-    for name, mod in list(sys.modules.items()):
-        if mod is None:
-            continue
-        local = _is_local_cache.get(name)
-        if local is None:
-            local = _is_local_cache[name] = _is_local(name, mod)
-        if local:
-            yield mod
+    judged once (checking paths is slow; a payload is made per call), and the names
+    are listed again only when ``sys.modules`` changed: a new import is added at
+    its end, so its size and its last name tell (a call's payload is made per call,
+    and there are hundreds of modules to go through)."""
+    global _local_names
+    modules = sys.modules
+    key = (len(modules), next(reversed(modules), ""))
+    if _local_names[0] != key:
+        names = []
+        for name, mod in list(modules.items()):
+            if mod is None:
+                continue
+            local = _is_local_cache.get(name)
+            if local is None:
+                local = _is_local_cache[name] = _is_local(name, mod)
+            if local:
+                names.append(name)
+        _local_names = (key, names)
+    for name in _local_names[1]:
+        found = modules.get(name)
+        if found is not None:
+            yield found
 
 
 class _local_modules_by_value:

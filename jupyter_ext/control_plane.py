@@ -94,6 +94,7 @@ class ControlPlane:
         self.session_service = SessionService(core, self.sessions, self.jobs)
         self.tasks = Tasks(core, self.sessions, self.placer, self.secrets)
         self.workers = Workers(core, self.placer, tokens, self.secrets)
+        self.jobs.start_at_submit = self.workers.start_at_submit
         self.leases = Leases(core, self.sessions, self.placer, self.jobs, self.workers)
         self.training_metrics = TrainingMetrics(core, self.jobs, self.tasks)
         self.retention = Retention(core, retention)

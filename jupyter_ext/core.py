@@ -21,8 +21,10 @@ from gpulayer.contracts import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LEASE_SECONDS,
     STORED,
+    Assignment,
     JobSpec,
     JobState,
+    LogLine,
 )
 from gpulayer.errors import NotFound
 
@@ -33,7 +35,7 @@ from .placement import shape
 from .prometheus import Instruments
 from .provisioning import Board
 from .queue import Filing, QueueIndex
-from .store import JobRecord, Statement, Store, TaskRecord
+from .store import JobRecord, ResultRecord, Statement, Store, TaskRecord
 from .store.writes import append_system_line
 from .streams import Notifier, job_key, logs_key, worker_key
 from .transitions import retry_or_end, task_end
@@ -47,6 +49,39 @@ def _filing(spec: JobSpec, key: str) -> Filing:
     """How the queue index files a job of ``spec`` (shape ``key``)."""
     placed = None if spec.in_session else gangs.shape_key(spec, key)
     return Filing(placed, spec.resources, spec.queue_timeout, gangs.is_gang(spec))
+
+
+def ended_reason(state: JobState, reason: str | None) -> str:
+    """The reason a task's end gives its job: the reported one, else the state's."""
+    return reason or ("exit code 0" if state == JobState.succeeded else state.value)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A job's end being committed, as the job will read once it is (docs/adr/0112:
+    a waiting caller may have its answer before the commit finishes)."""
+
+    job: JobRecord
+    tasks: list[TaskRecord]
+    result: ResultRecord | None
+
+
+@dataclass(frozen=True)
+class Arriving:
+    """A cell's log lines being committed, with the offsets they are stored at
+    (docs/adr/0112: its follower may have them before the commit finishes)."""
+
+    lines: list[LogLine]
+
+    @property
+    def first(self) -> int:
+        """The offset of the first line."""
+        return self.lines[0].offset
+
+    @property
+    def end(self) -> int:
+        """The offset after the last line."""
+        return self.lines[-1].offset + 1
 
 
 def new_id() -> str:
@@ -79,15 +114,19 @@ class Quotas:
 
 
 class Mailbox:
-    """Cancels and interrupts not yet handed to their worker's acquire.
+    """Cancels, interrupts and started tasks not yet handed to their worker's acquire.
 
     Cancels stay until an acquire answer that carried them is stored (heartbeat
     replies repeat them anyway); interrupts go out once (docs/adr/0042).
+    Assignments of tasks stored as started when they were submitted (a warm
+    session's cell, a call placed at once on a worker whose acquire waits;
+    docs/adr/0133) go out once, with the next acquire answer.
     """
 
     def __init__(self) -> None:
         self._cancels: dict[str, set[str]] = defaultdict(set)
         self._interrupts: dict[str, set[str]] = defaultdict(set)
+        self._started: dict[str, list[Assignment]] = defaultdict(list)
 
     def cancel(self, worker_id: str, task_id: str) -> None:
         """Queue a cancel of ``task_id`` for its worker."""
@@ -108,6 +147,18 @@ class Mailbox:
     def delivered(self, worker_id: str, cancels: Iterable[str]) -> None:
         """An acquire answer carrying ``cancels`` is on its way."""
         self._cancels[worker_id].difference_update(cancels)
+
+    def started(self, worker_id: str, assignment: Assignment) -> None:
+        """Queue the assignment of a task already stored as started (lock held)."""
+        self._started[worker_id].append(assignment)
+
+    def take_started(self, worker_id: str) -> list[Assignment]:
+        """The assignments of started tasks waiting for ``worker_id``, forgotten now."""
+        return self._started.pop(worker_id, [])
+
+    def has_started(self, worker_id: str) -> bool:
+        """Whether assignments of started tasks wait for ``worker_id``."""
+        return bool(self._started.get(worker_id))
 
 
 class Core:
@@ -142,6 +193,12 @@ class Core:
         self._specs: OrderedDict[str, tuple[JobSpec, str]] = OrderedDict()
         #: Queued jobs by placement shape and by queue deadline.
         self.queue = QueueIndex(store.queued)
+        #: Ends of function and cell jobs while their commit is in flight, by job id:
+        #: a job wait answers from here (``Tasks.complete``).
+        self.ending: dict[str, Ending] = {}
+        #: A cell's log lines while their batch commits, by job id: its follower
+        #: answers from here (``Tasks.append_logs``).
+        self.arriving: dict[str, Arriving] = {}
 
     # ---------------------------------------------------------------- specs
 
@@ -247,15 +304,19 @@ class Core:
         *,
         retry: bool = True,
         reported: bool = False,
+        now: float | None = None,
+        job: JobRecord | None = None,
     ) -> list[Statement]:
         """Statements that end ``task`` and move its job on (lock held); ``retry``
         False ends the job even when attempts are left (the failure is its answer);
         ``reported``: the worker reported the end itself, its lines flushed first
-        (otherwise a ``lost`` task was given up, and its log says so)."""
-        job = await self.job(task.job_id)
+        (otherwise a ``lost`` task was given up, and its log says so); ``now``: the
+        time of the end (the clock's when not given); ``job``: the task's job as just
+        read under the lock (read here when not given)."""
+        job = job or await self.job(task.job_id)
         spec = self.spec(job)
-        why = reason or ("exit code 0" if state == JobState.succeeded else state.value)
-        now = self.clock()
+        why = ended_reason(state, reason)
+        now = self.clock() if now is None else now
         gap = [] if reported else await self._lost_lines(task, state, now)
         if gangs.is_gang(spec):
             tasks = await self.store.tasks_of_job(job.id)

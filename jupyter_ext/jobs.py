@@ -15,14 +15,16 @@ Every method that takes a ``viewer`` applies ``access.py``: a job the viewer may
 not see is answered as if it did not exist.
 """
 
+import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 
 from gpulayer.contracts import (
     TERMINAL_STATES,
     Artifact,
+    Assignment,
     Event,
     Job,
     JobKind,
@@ -47,16 +49,20 @@ from .placer import Placer
 from .provisioning import job_cost
 from .secrets import Secrets
 from .sessions import Sessions
-from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement
+from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement, TaskRecord
 from .store.writes import insert_idempotency_key
 from .streams import job_key, logs_key
-from .transitions import cancel_requested, job_to, note, submitted, task_end
+from .transitions import cancel_requested, job_to, note, placed_on, submitted, task_end
 
 log = logging.getLogger(__name__)
 
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
 _ACTIVE = frozenset(JobState) - TERMINAL_STATES
+#: Starts a task placed at submit (lock held): ``(job, spec, task, statements)``.
+StartAtSubmit = Callable[
+    [JobRecord, JobSpec, TaskRecord, list[Statement]], Awaitable[Assignment | None]
+]
 #: Expired idempotency keys are pruned at most this often (on a submit).
 _PRUNE_EVERY_SECONDS = 60.0
 
@@ -68,6 +74,8 @@ class Submitted:
 
     jobs: list[Job]
     replayed: bool = False
+    #: The ids of the jobs stored (also when they were not read back).
+    job_ids: tuple[str, ...] = ()
 
 
 class Jobs:
@@ -79,6 +87,9 @@ class Jobs:
         self._placer = placer
         self._secrets = secrets
         self._pruned_at = 0.0
+        #: Starts a task placed at submit in the submit's transaction when its
+        #: worker's acquire waits (``Workers.start_at_submit``; set by the control plane).
+        self.start_at_submit: StartAtSubmit | None = None
 
     async def visible(self, job_id: str, viewer: Principal | None) -> JobRecord:
         """The job, if ``viewer`` may see it (else :class:`NotFound`)."""
@@ -103,10 +114,13 @@ class Jobs:
         viewer: Principal | None = None,
         *,
         key: str | None = None,
+        answer: bool = True,
     ) -> Submitted:
         """:meth:`submit_many`, at most once per idempotency ``key`` of ``owner``
         (docs/adr/0085): a repeat with the same specs within ``idempotency_seconds``
-        answers the jobs the first request stored.
+        answers the jobs the first request stored. Without ``answer`` new jobs are
+        not read back (``Submitted.job_ids`` names them: a caller that waits for
+        them reads them once they end).
 
         Raises
         ------
@@ -120,7 +134,9 @@ class Jobs:
             if earlier is not None:
                 return earlier
         try:
-            return Submitted(await self._store(specs, owner, viewer, key, digest))
+            ids: list[str] = []
+            jobs = await self._store(specs, owner, viewer, key, digest, answer, ids)
+            return Submitted(jobs, job_ids=tuple(ids))
         except Conflict:
             # Two requests with one key at once: the other stored first.
             earlier = await self._replay(owner, key, digest) if key is not None else None
@@ -140,7 +156,7 @@ class Jobs:
                 field="Idempotency-Key",
             )
         log.info("submit with key %r replayed: jobs %s", key, ", ".join(found.job_ids))
-        return Submitted(await self._jobs_of(found), replayed=True)
+        return Submitted(await self._jobs_of(found), replayed=True, job_ids=tuple(found.job_ids))
 
     async def _jobs_of(self, found: IdempotencyRecord) -> list[Job]:
         if len(found.job_ids) == 1:
@@ -168,38 +184,115 @@ class Jobs:
         viewer: Principal | None,
         key: str | None,
         digest: str,
+        answer: bool = True,
+        stored: list[str] | None = None,
     ) -> list[Job]:
-        """Check, store (with the key, in the same transaction) and place new jobs."""
+        """Check, store (with the key, in the same transaction) and place new jobs;
+        the jobs as stored and placed (none unless ``answer``)."""
         core = self._core
         await self._check_queue_quota(owner, len(specs))
         for spec in specs:
             await self._check_blobs(spec, viewer)
+        sessions = None
         if any(s.kind in (JobKind.cell, JobKind.session) for s in specs):
-            await self._sessions.check(specs, owner)
+            sessions = await self._sessions.check(specs, owner)
         await self._secrets.check(specs, owner)
         now = core.clock()
         ids = [new_id() for _ in specs]
+        if stored is not None:
+            stored += ids
         stmts: list[Statement] = []
-        for job_id, spec in zip(ids, specs, strict=True):
-            stmts += submitted(now, job_id, spec.model_dump_json(), owner, spec.priority)
+        dumped = [spec.model_dump_json() for spec in specs]
+        for job_id, spec, spec_json in zip(ids, specs, dumped, strict=True):
+            stmts += submitted(now, job_id, spec_json, owner, spec.priority)
         if key is not None:
             stmts += insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
-        await core.store.apply(stmts)
-        for job_id, spec in zip(ids, specs, strict=True):
-            core.remember(job_id, spec)
-            if spec.kind in (JobKind.cell, JobKind.session):
-                self._sessions.submitted(job_id, spec, owner)
-        log.info("%d job(s) queued, first %s", len(ids), ids[0])
-        try:
-            if all(s.in_session for s in specs):
-                await self._placer.schedule_cells()  # a warm session has its worker already
-            else:
-                await self._placer.schedule()
-        except Exception:  # the jobs are stored and queued; the next pass places them
-            log.exception("placement after submitting %s failed", ids[0])
+        placed = False
+        if len(specs) == 1:  # placed (and started) in the same transaction when it can be
+            placed = await self._store_placed(
+                ids[0], specs[0], dumped[0], owner, now, stmts, sessions
+            )
+        if not placed:
+            await core.store.apply(stmts)
+            self._filed(ids, specs, owner)
+        quiet = all(s.kind in (JobKind.function, JobKind.cell) for s in specs)  # calls, cells
+        how = "placed" if placed else "queued"
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "%d job(s) %s, first %s",
+            len(ids),
+            how,
+            ids[0],
+        )
+        if not placed:
+            try:
+                if all(s.in_session for s in specs):
+                    await self._placer.schedule_cells()  # a warm session has its worker already
+                else:
+                    await self._placer.schedule()
+            except Exception:  # the jobs are stored and queued; the next pass places them
+                log.exception("placement after submitting %s failed", ids[0])
+        if not answer:
+            return []
         if len(ids) == 1:
             return [await self.get(ids[0], viewer)]
         return await self.by_ids(ids, viewer=viewer)
+
+    def _filed(self, ids: Sequence[str], specs: Sequence[JobSpec], owner: str) -> None:
+        """Keep the parsed specs of jobs just stored; note sessions and cells."""
+        for job_id, spec in zip(ids, specs, strict=True):
+            self._core.remember(job_id, spec)
+            if spec.kind in (JobKind.cell, JobKind.session):
+                self._sessions.submitted(job_id, spec, owner)
+
+    async def _store_placed(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        spec_json: str,
+        owner: str,
+        now: float,
+        stmts: list[Statement],
+        sessions: dict[tuple[str, str], JobRecord] | None = None,
+    ) -> bool:
+        """Store a new job placed at once, in one transaction with its submit, when
+        the placement pass after the submit would place it right away: a cell of a
+        warm session on its session's worker, another job when nothing else is
+        queued and a worker has room. When that worker's acquire waits, the task is
+        started in the same transaction and its assignment handed to the acquire
+        (``Mailbox.started``). False, storing nothing, when it cannot be placed at
+        once (docs/adr/0133). ``sessions``: the owner's sessions as the submit's
+        checks read them."""
+        core = self._core
+        async with core.lock:
+            if spec.in_session:
+                spot = await self._sessions.warm_spot((owner, spec.in_session), sessions)
+            else:
+                spot = await self._placer.spot_at_submit(spec)
+            if spot is None:
+                return False
+            w, gpus = spot
+            job = JobRecord(0, job_id, spec_json, JobState.queued, None, owner, spec.priority,
+                            None, 0, None, now, now, None, None, 0)  # fmt: skip
+            task_id = new_id()
+            stmts += placed_on(now, job, task_id, w.id, w.name, gpus)
+            job = replace(job, state=JobState.scheduled, attempts=1, worker_id=w.id)
+            task = TaskRecord(task_id, job_id, 1, JobState.scheduled, w.id, tuple(gpus), None,
+                              None, now, None, None, None, False, 0, None, None, 0)  # fmt: skip
+            start = self.start_at_submit
+            assignment = None if start is None else await start(job, spec, task, stmts)
+            await core.store.apply(stmts)
+            self._filed([job_id], [spec], owner)
+            if assignment is not None:
+                core.mailbox.started(w.id, assignment)
+        core.instruments.placement_latency.observe(0.0)
+        core.notify_worker(w.id)
+        core.notify_job(job_id)
+        if assignment is not None:
+            # Let the woken acquire push the assignment before this submit's answer is
+            # read and written: the worker starts while the caller reads its answer.
+            await asyncio.sleep(0)
+        return True
 
     async def uploaded(self, sha256: str, uploader: Principal) -> None:
         """Record that ``uploader`` stored blob ``sha256`` (so its jobs may name it)."""
@@ -270,16 +363,30 @@ class Jobs:
     ) -> Job:
         """A job with its tasks, a small result (and, while queued, why it waits); its
         ``env`` values only for its owner and admins."""
-        core = self._core
+        store = self._core.store
         row = await self.visible(job_id, viewer)
-        tasks = await core.store.tasks_of_job(job_id)
+        tasks = await store.tasks_of_job(job_id)
+        answers = with_result and self._core.spec(row).kind in _ANSWERING and row.ended
+        return await self._model(
+            row, tasks, viewer, await store.result(job_id) if answers else None
+        )
+
+    async def _model(
+        self,
+        row: JobRecord,
+        tasks: list[TaskRecord],
+        viewer: Principal | None,
+        result: ResultRecord | None,
+    ) -> Job:
+        """The job ``get`` answers, from its records (``result``: its small result)."""
+        core = self._core
+        job_id = row.id
         names = await core.fleet.names({t.worker_id for t in tasks} | {row.worker_id})
         job = access.shown(viewer, row.model(tasks, names, core.spec(row)))
         current = [t for t in job.tasks if t.attempt == job.attempts and t.environment]
         if current:  # a gang's nodes build the same env: the first node's speaks for it
             job.environment = min(current, key=lambda t: t.node_rank or 0).environment
-        if with_result and job.spec.kind in _ANSWERING and row.ended:
-            _attach(job, await core.store.result(job_id))
+        _attach(job, result)
         job.provisioning = core.board.queued_note(job.id, job.state)
         if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
             job.cost = job_cost(spans, core.clock())
@@ -369,9 +476,13 @@ class Jobs:
     ) -> Job | None:
         """The job once it ended, or None if it is still going after ``timeout`` s."""
         await self.visible(job_id, viewer)
+        core = self._core
 
         async def ended() -> Job | None:
-            row = await self._core.store.get_job(job_id)
+            early = core.ending.get(job_id)  # its end is being committed (docs/adr/0112)
+            if early is not None:
+                return await self._model(early.job, early.tasks, viewer, early.result)
+            row = await core.store.get_job(job_id)
             return await self.get(job_id, viewer) if row is not None and row.ended else None
 
         return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)
@@ -403,9 +514,14 @@ class Jobs:
         """Lines from ``offset`` (only attempt ``attempt``'s when given); waits up to
         ``wait`` s for the first new one."""
         await self.visible(job_id, viewer)
-        store = self._core.store
+        core = self._core
+        store = core.store
 
         async def page() -> LogPage | None:
+            early = core.arriving.get(job_id)  # a cell's lines being committed (ADR 0112)
+            if early is not None and attempt is None and early.first <= offset < early.end:
+                lines = [line for line in early.lines if line.offset >= offset][:limit]
+                return LogPage(lines=lines, next_offset=lines[-1].offset + 1, complete=False)
             got = await store.log_page(job_id, offset, limit, attempt)
             return got if (got.lines or got.complete) else None
 

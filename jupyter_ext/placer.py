@@ -127,6 +127,25 @@ class Placer:
             core.notify_job(job_id)
         return len(cells)
 
+    async def spot_at_submit(self, spec: JobSpec) -> tuple[WorkerView, list[int]] | None:
+        """Where a job being submitted goes at once (lock held, the job not stored
+        yet), when a pass right after its submit would put it there: nothing else is
+        queued (so nothing comes before it and no aged job holds workers back), it
+        is one task, and a worker has a free fit. Else None: it is queued and the
+        pass after the submit places it (docs/adr/0133)."""
+        core = self._core
+        if len(core.queue) or gangs.is_gang(spec) or spec.in_session:
+            return None
+        now = core.clock()
+        workers = [w for w in await core.fleet.views() if w.state == WorkerState.ready]
+        usage = await self.usage()
+        free = sum(max(0, w.slots - usage[w.id].tasks) for w in workers)
+        if free <= 0:
+            return None
+        board = self._core.board
+        p = _Pass(now, workers, usage, free)
+        return self._spot(p, "", spec.resources, lambda w: board.time_left_fits(w.name, spec, now))
+
     async def _walk(self, p: _Pass, queue: QueueIndex) -> None:
         """Place what fits, bucket heads in placement order (lock held); a shape
         whose head does not fit is not tried again in this pass, and its head, if

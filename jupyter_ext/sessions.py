@@ -26,6 +26,7 @@ from gpulayer.errors import Conflict, NotFound
 from . import access
 from .auth import Principal
 from .core import Core, new_id
+from .placement import WorkerView
 from .store import JobRecord, Statement, as_datetime, as_optional_datetime
 from .transitions import job_to, placed_on
 
@@ -75,9 +76,10 @@ class Sessions:
             elif spec.session is not None:
                 self._activity[r.owner, spec.session.name] = now
 
-    async def check(self, specs: Sequence[JobSpec], owner: str) -> None:
+    async def check(self, specs: Sequence[JobSpec], owner: str) -> dict[Key, JobRecord]:
         """Refuse ``owner``'s sessions whose name it already uses, and its cells in
         sessions it does not have (another owner's session of that name does not count).
+        Answers the sessions that have not ended, as :meth:`active` (read once).
 
         Raises
         ------
@@ -102,6 +104,7 @@ class Sessions:
                     f" (or %%gpulayer --session {spec.in_session})",
                     field="cell.session",
                 )
+        return active
 
     def submitted(self, job_id: str, spec: JobSpec, owner: str) -> None:
         """Note a new session or cell of ``owner``."""
@@ -150,20 +153,30 @@ class Sessions:
         when the session ended, or None while the session's kernel is starting."""
         key = self.open_cells[job.id]
         name = key[1]
-        session = active.get(key)
-        if session is None:
+        if key not in active:
             why = f"session {name!r} has ended; start it again to run cells in it"
             self.cell_ended(job.id)
             return job_to(now, job, JobState.cancelled, why), ""
+        spot = await self.warm_spot(key, active)
+        if spot is None:
+            return None
+        w, gpus = spot
+        return placed_on(now, job, new_id(), w.id, w.name, gpus), w.id
+
+    async def warm_spot(
+        self, key: Key, active: dict[Key, JobRecord] | None = None
+    ) -> tuple[WorkerView, list[int]] | None:
+        """The worker and GPUs of session ``key`` while its kernel runs (its cells go
+        there), else None."""
+        session = (active if active is not None else await self.active()).get(key)
+        if session is None or session.state != JobState.running:
+            return None
         task = await self._core.current_task(session.id)
-        if session.state != JobState.running or task is None or task.state != JobState.running:
+        if task is None or task.state != JobState.running:
             return None
         views = {w.id: w for w in await self._core.fleet.views()}
         w = views.get(task.worker_id or "")
-        if w is None:
-            return None
-        gpus = list(task.gpu_indices)
-        return placed_on(now, job, new_id(), w.id, w.name, gpus), w.id
+        return None if w is None else (w, list(task.gpu_indices))
 
     def end_requested(self, job_id: str) -> None:
         """A session was asked to end: its name is free from now on."""

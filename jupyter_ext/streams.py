@@ -42,6 +42,10 @@ class Notifier:
             if not fut.done():
                 fut.set_result(None)
 
+    def listening(self, key: str) -> bool:
+        """Whether a long poll waits on ``key`` now (a worker's acquire is parked)."""
+        return bool(self._waiters.get(key))
+
     def waiting(self) -> int:
         """How many long polls are open (for activity reports)."""
         return sum(len(s) for s in self._waiters.values())

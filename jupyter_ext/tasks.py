@@ -14,6 +14,8 @@ current attempt's outcome is ever kept; the worker stops such a task.
 
 import asyncio
 import logging
+from dataclasses import replace
+from typing import Any
 
 from gpulayer.contracts import (
     Artifact,
@@ -22,6 +24,7 @@ from gpulayer.contracts import (
     JobState,
     LogAck,
     LogBatch,
+    LogLine,
     ResultPartBatch,
     Task,
     TaskCompletion,
@@ -30,16 +33,16 @@ from gpulayer.contracts import (
 )
 from gpulayer.errors import Conflict, NotFound, StaleAttempt, ValidationError
 
-from . import access
+from . import access, gangs
 from .artifacts import BlobUpload
 from .auth import Principal
-from .core import Core
+from .core import Arriving, Core, Ending, ended_reason
 from .placer import Placer
 from .secrets import Secrets
 from .sessions import Sessions
-from .store import ArtifactRecord, Statement, TaskRecord
+from .store import ArtifactRecord, JobRecord, ResultRecord, Statement, TaskRecord, as_datetime
 from .store.writes import forget_parts_of, put_result, set_task_environment
-from .streams import logs_key
+from .streams import job_key, logs_key
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +86,50 @@ class Tasks:
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
             for e in batch.lines
         ]
-        most = self._core.quotas.log_bytes_per_job
+        core = self._core
+        most = core.quotas.log_bytes_per_job
         over = (
             f"gpulayer: this job's log reached its limit of {most} bytes"
             " (c.GpulayerApp.max_log_bytes_per_job); later lines are dropped"
         )
-        n = await self._core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
-        self._core.instruments.log_lines.inc(max(0, n - task.log_seq))
-        self._core.notifier.notify(logs_key(task.job_id))
+        early = await self._arriving(task, batch.seq, lines, most)
+        if early is not None:  # the cell's follower has them while they commit
+            core.arriving[task.job_id] = early
+            core.notifier.notify(logs_key(task.job_id))
+        try:
+            n = await core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
+        finally:
+            if early is not None and core.arriving.get(task.job_id) is early:
+                del core.arriving[task.job_id]
+        core.instruments.log_lines.inc(max(0, n - task.log_seq))
+        core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
+
+    async def _arriving(
+        self, task: TaskRecord, seq: int, lines: list[tuple[Any, ...]], most: int
+    ) -> Arriving | None:
+        """The lines of a batch of a cell in a session as they will be stored (their
+        offsets after the job's stored lines), for its follower (docs/adr/0112); None
+        for other jobs, a batch that repeats lines, or one the quota would cut."""
+        core = self._core
+        if not lines or seq != task.log_seq or task.job_id not in self._sessions.open_cells:
+            return None
+        count, used = await core.store.log_usage(task.job_id)
+        if used + sum(len(line[2].encode()) for line in lines) > most:
+            return None
+        return Arriving(
+            [
+                LogLine(
+                    offset=count + i,
+                    stream=stream,
+                    ts=as_datetime(ts),
+                    text=text,
+                    task_id=task.id,
+                    rank=rank,
+                )
+                for i, (stream, ts, text, rank) in enumerate(lines)
+            ]
+        )
 
     async def set_environment(
         self, reporter: Principal | None, task_id: str, env: TaskEnvironment
@@ -167,14 +205,30 @@ class Tasks:
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
         if not task.ended:
+            job: JobRecord | None = None
             async with core.lock:
                 task = await core.task(task_id)
                 if task.ended:  # in the meantime (a lease ran out)
                     await self._fence(task)
                 else:
-                    await core.store.apply(await self._ending(task, done))
-            log.info("task %s %s", task_id, done.state)
-            await self._sessions.job_ended(task.job_id)
+                    now = core.clock()
+                    job = await core.job(task.job_id)
+                    stmts = await self._ending(task, done, now, job)
+                    early = await self._early(task, done, now, job)
+                    if early is not None:  # the waiting caller has it while this commits
+                        core.ending[task.job_id] = early
+                        core.notifier.notify(job_key(task.job_id))
+                    try:
+                        await core.store.apply(stmts)
+                    finally:
+                        core.ending.pop(task.job_id, None)
+            job = job or await core.job(task.job_id)
+            kind = core.spec(job).kind
+            # A call or a cell a second is no news in the server's log; the rest is.
+            quiet = kind in (JobKind.function, JobKind.cell)
+            log.log(logging.DEBUG if quiet else logging.INFO, "task %s %s", task_id, done.state)
+            if kind in (JobKind.cell, JobKind.session):
+                await self._sessions.job_ended(task.job_id)
             if done.state == JobState.lost and task.worker_id:
                 # The worker gave the task up because it is going away: place nothing
                 # more there (its next heartbeat, if any, brings it back).
@@ -197,8 +251,42 @@ class Tasks:
                 f" attempt {job.attempts} now; stop it"
             )
 
-    async def _ending(self, task: TaskRecord, done: TaskCompletion) -> list[Statement]:
-        """Statements that record ``done`` for ``task`` (lock held)."""
+    async def _early(
+        self, task: TaskRecord, done: TaskCompletion, now: float, job: JobRecord
+    ) -> Ending | None:
+        """How a function or cell job reads once ``done`` (its end, inline result and
+        all) is committed, for the caller waiting for it (docs/adr/0112); None where
+        the end is not that simple (a retry, a cancel, a gang, a map chunk, a result
+        kept as a blob): those callers read the store after the commit."""
+        state = JobState(done.state)
+        if state not in (JobState.succeeded, JobState.failed) or task.cancel_requested:
+            return None
+        if done.result_blob is not None:
+            return None
+        core = self._core
+        spec = core.spec(job)
+        if spec.kind not in (JobKind.function, JobKind.cell) or gangs.is_gang(spec):
+            return None
+        if spec.function is not None and spec.function.calls > 1:
+            return None
+        if state == JobState.failed and done.retry and job.attempts <= spec.retries:
+            return None  # it goes back to the queue
+        why = ended_reason(state, done.reason)
+        env = done.environment.model_dump_json() if done.environment else task.environment_json
+        ended = replace(task, state=state, exit_code=done.exit_code, reason=why, ended_at=now,
+                        environment_json=env)  # fmt: skip
+        tasks = [ended if t.id == task.id else t for t in await core.store.tasks_of_job(job.id)]
+        row = replace(job, state=state, reason=why, exit_code=done.exit_code, updated_at=now,
+                      ended_at=now)  # fmt: skip
+        result = None
+        if done.result is not None:
+            result = ResultRecord(job.id, task.id, done.result, None, len(done.result))
+        return Ending(row, tasks, result)
+
+    async def _ending(
+        self, task: TaskRecord, done: TaskCompletion, now: float, job: JobRecord
+    ) -> list[Statement]:
+        """Statements that record ``done`` for ``task`` of ``job`` at ``now`` (lock held)."""
         reason = done.reason
         if task.cancel_requested and (
             done.state == JobState.cancelled or await self._is_session(task.job_id)
@@ -206,7 +294,7 @@ class Tasks:
             reason = await self._cancel_reason(task) or reason  # how it was ended
         state = JobState(done.state)
         stmts = await self._core.finish(
-            task, state, done.exit_code, reason, retry=done.retry, reported=True
+            task, state, done.exit_code, reason, retry=done.retry, reported=True, now=now, job=job
         )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))

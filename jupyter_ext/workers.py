@@ -36,6 +36,7 @@ from gpulayer.contracts import (
     Heartbeat,
     HeartbeatReply,
     JobKind,
+    JobSpec,
     JobState,
     Registered,
     Telemetry,
@@ -49,7 +50,7 @@ from .auth import Principal, TokenService
 from .core import Core, new_id
 from .placer import Placer
 from .secrets import Secrets
-from .store import Statement, TaskRecord, WorkerRecord
+from .store import JobRecord, Statement, TaskRecord, WorkerRecord
 from .store.writes import append_system_line, delete_worker
 from .streams import worker_key
 from .transitions import started, unplaced
@@ -206,6 +207,7 @@ class Workers:
             await core.store.apply(stmts)
             core.fleet.forget(row.id)
             self._acked.pop(row.id, None)
+            core.mailbox.take_started(row.id)  # their tasks ended above
         for job_id in jobs:
             core.notify_job(job_id)
         log.info("worker %s (%s) forgotten", row.name, row.id)
@@ -340,32 +342,67 @@ class Workers:
         return got
 
     async def _take(self, worker_id: str) -> Acquired | None:
-        """Start the worker's scheduled tasks and collect its cancels and interrupts."""
+        """Start the worker's scheduled tasks and collect its cancels, interrupts and
+        the tasks started when they were submitted (:meth:`start_at_submit`)."""
         core = self._core
         async with core.lock:
             cancels = core.mailbox.cancels(worker_id)
             interrupts = core.mailbox.take_interrupts(worker_id)
+            ready = await self._still_running(core.mailbox.take_started(worker_id))
             scheduled = [
                 t for t in await core.store.active_tasks(worker_id) if t.state == JobState.scheduled
             ]
-            if not scheduled and not cancels and not interrupts:
+            if not scheduled and not cancels and not interrupts and not ready:
                 return None
             seq = self._next_seq()
             stmts: list[Statement] = []
             out = [await self._start(t, stmts, seq / 1e6) for t in scheduled]
-            await core.store.apply(stmts)
+            if stmts:
+                await core.store.apply(stmts)
             core.mailbox.delivered(worker_id, cancels)  # only once stored
         for a in out:
             core.notify_job(a.job_id)
-        return Acquired(assignments=out, cancel=cancels, interrupt=interrupts, seq=seq)
+        return Acquired(assignments=ready + out, cancel=cancels, interrupt=interrupts, seq=seq)
 
-    async def _start(self, task: TaskRecord, stmts: list[Statement], now: float) -> Assignment:
-        """Add the statements that start ``task`` at ``now`` to ``stmts``; its assignment."""
+    async def _still_running(self, ready: list[Assignment]) -> list[Assignment]:
+        """Of the assignments started at submit, those whose task still runs (a lease
+        that ran out before the worker asked ended it)."""
+        out = []
+        for a in ready:
+            task = await self._core.store.get_task(a.task_id)
+            if task is not None and task.state == JobState.running:
+                out.append(a)
+        return out
+
+    async def start_at_submit(
+        self, job: JobRecord, spec: JobSpec, task: TaskRecord, stmts: list[Statement]
+    ) -> Assignment | None:
+        """Start ``task`` in its submit's own transaction (lock held; ``job`` and
+        ``task`` as placed, not stored yet) when its worker's acquire waits now: adds
+        the statements to ``stmts`` and answers the assignment, for
+        ``Mailbox.started`` once they are stored. None when the worker is not
+        listening: the task stays ``scheduled`` for its next acquire."""
+        assert task.worker_id is not None
+        if not self._core.notifier.listening(worker_key(task.worker_id)):
+            return None
+        return await self._start(task, stmts, self._next_seq() / 1e6, job=job, spec=spec)
+
+    async def _start(
+        self,
+        task: TaskRecord,
+        stmts: list[Statement],
+        now: float,
+        *,
+        job: JobRecord | None = None,
+        spec: JobSpec | None = None,
+    ) -> Assignment:
+        """Add the statements that start ``task`` at ``now`` to ``stmts``; its
+        assignment (``job`` and ``spec``: its job as placed, when not stored yet)."""
         core = self._core
-        job = await core.job(task.job_id)
+        job = job or await core.job(task.job_id)
         core.instruments.dispatch_latency.observe(max(0.0, now - task.created_at))
         stmts += started(now, job, task, now + core.settings.lease_seconds)
-        spec = core.spec(job)
+        spec = spec or core.spec(job)
         api_token = None
         # A cell in a session runs in the session's kernel: the session's own
         # api_access decides what that kernel holds.

@@ -249,11 +249,10 @@ class Uplink:
             return None  # over HTTP, at once: logs are deduplicated, completions idempotent
         if answer.status >= 500 or answer.status == 429:
             return None
-        return httpx.Response(
-            answer.status,
-            content=answer.body.encode(),
-            request=httpx.Request(method, self._base + path),
-        )
+        # The request (a URL parsed: most of this answer's cost) only where an error
+        # message may name it; the worker reads a success's status and body only.
+        request = None if answer.status < 400 else httpx.Request(method, self._base + path)
+        return httpx.Response(answer.status, content=answer.body.encode(), request=request)
 
     async def _send(
         self,

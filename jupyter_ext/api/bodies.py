@@ -9,6 +9,7 @@ route at once, before a service sees the request.
 """
 
 import json
+import re
 from typing import Any, TypeVar
 
 import pydantic
@@ -21,6 +22,10 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+#: What an ASCII JSON text needs to hold a lone surrogate (a ``\\u`` escape) or an
+#: integer past 64 bits (19 digits in a row); a NUL means UTF-16 or UTF-32, where
+#: digits are not in a row. A body with none of them cannot fail the first check.
+_MAYBE_UNSTORABLE = re.compile(rb"\\u|[0-9]{19}|\x00")
 
 
 def decode_json(body: bytes, model: type[M]) -> M:
@@ -39,7 +44,8 @@ def decode_json(body: bytes, model: type[M]) -> M:
         raise ValidationError(f"request body is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ValidationError("request body must be a JSON object")
-    check_storable(data)  # before pydantic, whose messages would echo a bad key
+    if not body.isascii() or _MAYBE_UNSTORABLE.search(body):  # a walk costs more than a scan
+        check_storable(data)  # before pydantic, whose messages would echo a bad key
     try:
         parsed = model.model_validate(data)
     except pydantic.ValidationError as e:

@@ -18,7 +18,6 @@ import pydantic
 
 from gpulayer.contracts import (
     CLIENT_CALLS,
-    TERMINAL_STATES,
     WORKER_CALLS,
     ChannelAnswer,
     ChannelCall,
@@ -73,9 +72,7 @@ async def _submit(c: Ctx) -> Reply:
     spec = c.parse(JobSpec)
     hold = c.number("wait", 0.0)
     key = jobs.checked_key(c.call.idempotency_key)
-    job, replayed = await jobs.submit_one(c.plane, c.who, spec, key)
-    if hold > 0 and job.state not in TERMINAL_STATES:
-        job = await c.plane.jobs.wait(job.id, hold) or job
+    job, replayed = await jobs.submit_one(c.plane, c.who, spec, key, hold)
     return (200 if replayed else 201), job
 
 

@@ -48,14 +48,22 @@ def checked_key(raw: str | None) -> str | None:
 
 
 async def submit_one(
-    plane: ControlPlane, who: Principal, spec: JobSpec, key: str | None
+    plane: ControlPlane, who: Principal, spec: JobSpec, key: str | None, wait: float = 0.0
 ) -> tuple[Job, bool]:
     """``POST jobs`` for the HTTP route and the channel: the job, stored once per
-    ``key``; and whether a repeat found it stored already."""
-    got = await plane.jobs.submit_once([spec], who.name, who, key=key)
-    if not got.jobs:
-        raise NotFound(f"the job {IDEMPOTENCY_HEADER} {key!r} created no longer exists")
-    return got.jobs[0], got.replayed
+    ``key``; and whether a repeat found it stored already. With ``wait`` the answer
+    waits up to that many seconds for the job to end (a new job is read once, when it
+    ended or the wait ran out)."""
+    got = await plane.jobs.submit_once([spec], who.name, who, key=key, answer=wait <= 0)
+    if got.replayed or wait <= 0:
+        if not got.jobs:
+            raise NotFound(f"the job {IDEMPOTENCY_HEADER} {key!r} created no longer exists")
+        job = got.jobs[0]
+        if wait > 0 and job.state not in TERMINAL_STATES:
+            job = await plane.jobs.wait(job.id, wait, who) or job
+        return job, got.replayed
+    job_id = got.job_ids[0]
+    return await plane.jobs.wait(job_id, wait, who) or await plane.jobs.get(job_id, who), False
 
 
 class JobsHandler(GpulayerAPIHandler):
@@ -89,7 +97,7 @@ class JobsHandler(GpulayerAPIHandler):
         hold = self.wait_arg()
         key = idempotency_key(self)
         job, replayed = await submit_one(self.gl, self.who, spec, key)
-        if hold > 0 and job.state not in TERMINAL_STATES:
+        if hold > 0 and job.state not in TERMINAL_STATES:  # ends early if the client leaves
             ended = await self.long_poll(self.gl.jobs.wait(job.id, hold))
             job = ended or job
         if replayed:

@@ -63,6 +63,11 @@ class OutputQueries(Database):
 
         return await self._commit(run)
 
+    async def log_usage(self, job_id: str) -> tuple[int, int]:
+        """A job's stored log: its line count (the next line's offset) and its bytes."""
+        row = await self._one("SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,))
+        return (int(row[0]), int(row[1])) if row is not None else (0, 0)
+
     async def log_page(
         self, job_id: str, offset: int, limit: int, attempt: int | None = None
     ) -> LogPage:

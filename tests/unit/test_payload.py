@@ -84,3 +84,19 @@ def test_local_modules_travel_by_value(tmp_path, monkeypatch):
         assert payload.unpack(packed, "outcomes")[0].value == 8
     finally:
         sys.modules.pop("gl_local_mod_q", None)
+
+
+def test_a_local_module_imported_between_two_calls_travels_by_value(tmp_path, monkeypatch):
+    payload.pack_calls(abs, [((-1,), {})])  # the local modules are listed (and kept)
+    (tmp_path / "gl_local_mod_r.py").write_text("def triple(x):\n    return 3 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gl_local_mod_r
+
+    try:
+        data = payload.pack_calls(gl_local_mod_r.triple, [((4,), {})])
+        del sys.modules["gl_local_mod_r"]
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+        packed, _ = payload.run_calls(data)  # the module cannot be imported any more
+        assert payload.unpack(packed, "outcomes")[0].value == 12
+    finally:
+        sys.modules.pop("gl_local_mod_r", None)

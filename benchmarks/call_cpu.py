@@ -1,0 +1,107 @@
+"""CPU time per warm call, per process: where a ``.run`` or a session cell spends it.
+
+Starts a ``LocalCluster`` (one worker, one slot), warms up, then runs ``--calls``
+warm calls one at a time and reads each process's CPU time (user + system,
+``psutil``) before and after: this client, the control plane, the worker, and the
+worker's children (the function runner, or the session's kernel). CPU time is
+what a loaded machine cannot hide, unlike wall-clock latency; the wall-clock p50
+is printed too, for the record.
+
+    .venv/bin/python benchmarks/call_cpu.py --calls 200             # @gl.remote .run
+    .venv/bin/python benchmarks/call_cpu.py --calls 200 --cells     # %%gpulayer --session
+
+It prints one line per process and writes nothing; it never asserts a time.
+"""
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import psutil
+
+import gpulayer as gl
+from gpulayer.cli.cluster import LocalCluster
+from gpulayer.client import cells
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def _tree(proc: psutil.Process) -> float:
+    """CPU of ``proc``'s live children (runners, kernels), not counting ``proc``."""
+    total = 0.0
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # ended meanwhile
+            total += _cpu(child)
+    return total
+
+
+def measure(call: Callable[[int], None], cluster: LocalCluster, calls: int) -> None:
+    """Run ``call`` ``calls`` times and print CPU per call by process."""
+    server = psutil.Process(cluster.server_pid)
+    worker_pid = cluster.worker_pid(cluster.workers[0])
+    assert worker_pid is not None
+    worker = psutil.Process(worker_pid)
+    me = psutil.Process()
+    procs = {"client": me, "control plane": server, "worker": worker}
+    before = {k: _cpu(p) for k, p in procs.items()}
+    before_children = _tree(worker)
+    walls = []
+    for i in range(calls):
+        t = time.perf_counter()
+        call(i)
+        walls.append(time.perf_counter() - t)
+    after = {k: _cpu(p) for k, p in procs.items()}
+    children = _tree(worker) - before_children
+    per = {k: (after[k] - before[k]) / calls * 1000 for k in procs}
+    per["runner/kernel"] = children / calls * 1000
+    total = sum(per.values())
+    load = psutil.getloadavg()[0]
+    print(f"{calls} calls, load {load:.2f}, wall p50 {statistics.median(walls) * 1000:.2f} ms")
+    print(f"CPU per call: {total:.2f} ms = " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--cells", action="store_true", help="warm session cells, not .run")
+    parser.add_argument("--repeat", type=int, default=1, help="measure this many times")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="gl-cpu-") as tmp,
+        LocalCluster(tmp, workers=1, slots=2) as cluster,
+        cluster.connection() as conn,
+    ):
+        if args.cells:
+            cells.ensure_session(conn, "cpu")
+            deadline = time.monotonic() + 60
+            while conn.session("cpu").state != "running" and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+            def call(i: int) -> None:
+                run = cells.submit(conn, "a = 1", session="cpu")
+                for _ in run.messages():
+                    pass
+                assert run.reply is not None and run.reply.get("status") == "ok"
+        else:
+            f = gl.remote(lambda x: x + 1, connection=conn)
+
+            def call(i: int) -> None:
+                assert f.run(i) == i + 1
+
+        for i in range(args.warmup):
+            call(i)
+        for _ in range(args.repeat):
+            measure(call, cluster, args.calls)
+        if args.cells:
+            conn.end_session("cpu")
+
+
+if __name__ == "__main__":
+    main()
