@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -147,6 +148,14 @@ def wire(signer: Signer, identities: list[bytes], parts: list[bytes]) -> list[by
     return [*identities, DELIM, signer.sign(parts), *parts]
 
 
+def nodelay(ws: Any) -> None:
+    """Small frames go out at once on a WebSocket (no Nagle wait for an ACK)."""
+    sock = ws.transport.get_extra_info("socket") if ws.transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def zmq_url(transport: str, ip: str, port: int) -> str:
     """The address of one of a kernel's sockets (jupyter_client's rule)."""
     return f"ipc://{ip}-{port}" if transport == "ipc" else f"tcp://{ip}:{port}"
@@ -204,6 +213,10 @@ class ProxyEnd(_End):
         self._signer = Signer(key, scheme)
         self.ip = ip
         self._out: dict[str, zmq.asyncio.Socket] = {}
+
+    def retarget(self, send: Send) -> None:
+        """Send frames towards the kernel with ``send`` from now on (a new socket)."""
+        self._send = send
 
     async def bind(self, ports: Mapping[str, int] | None = None) -> dict[str, int]:
         """Bind the five sockets (on ``ports`` where given and nonzero, else free

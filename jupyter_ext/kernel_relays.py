@@ -105,8 +105,8 @@ class KernelRelays:
 
     # ------------------------------------------------------------ admission
 
-    async def client_job(self, job_id: str, who: Principal) -> JobRecord:
-        """The relay session ``job_id`` a client may attach to: its owner's own.
+    async def admit_client(self, job_id: str, who: Principal) -> None:
+        """Refuse a client that may not attach to kernel ``job_id`` (only its owner may).
 
         Raises
         ------
@@ -119,10 +119,10 @@ class KernelRelays:
             raise NotFound(f"no gpulayer kernel {job_id}")
         if row.ended:
             raise NotFound(f"gpulayer kernel {job_id} has ended ({row.state}: {row.reason})")
-        return row
+        self._relay(row)
 
-    async def worker_job(self, worker_id: str, job_id: str, who: Principal) -> JobRecord:
-        """The relay session ``job_id`` whose running task is on ``worker_id``.
+    async def admit_worker(self, worker_id: str, job_id: str, who: Principal) -> None:
+        """Refuse a worker's end unless kernel ``job_id``'s task runs on ``worker_id``.
 
         Raises
         ------
@@ -142,7 +142,7 @@ class KernelRelays:
             or task.state != JobState.running
         ):
             raise NotFound(f"no gpulayer kernel {job_id} runs on this worker")
-        return row
+        self._relay(row)
 
     def _is_relay(self, row: JobRecord) -> bool:
         spec = self._core.spec(row)
@@ -159,10 +159,10 @@ class KernelRelays:
 
     # ------------------------------------------------------------ attach
 
-    def attach_client(self, row: JobRecord, peer: Peer) -> None:
-        """A client attached: it replaces any other, and hears ``ready`` once the
-        worker's end is there."""
-        relay = self._relay(row)
+    def attach_client(self, job_id: str, peer: Peer) -> None:
+        """A client attached (admitted just before): it replaces any other, and
+        hears ``ready`` once the worker's end is there."""
+        relay = self._relays[job_id]
         old, relay.client, relay.detached_since = relay.client, peer, None
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "another client attached to this kernel")
@@ -170,9 +170,9 @@ class KernelRelays:
         if relay.worker is not None:
             peer.relay(KERNEL_READY)
 
-    def attach_worker(self, row: JobRecord, peer: Peer) -> None:
+    def attach_worker(self, job_id: str, peer: Peer) -> None:
         """The worker's end attached (again): the client may talk to the kernel."""
-        relay = self._relay(row)
+        relay = self._relays[job_id]
         old, relay.worker = relay.worker, peer
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "the worker attached again")
@@ -215,11 +215,12 @@ class KernelRelays:
         if relay is not None:
             self._sessions.kernel_state(relay.key, busy=execution_state == "busy")
 
-    def ended(self, row: JobRecord) -> None:
+    async def ended(self, job_id: str) -> None:
         """The kernel's job ended: close both sides with a code that says how."""
-        relay = self._relays.get(row.id)
+        relay = self._relays.get(job_id)
         if relay is None or relay.ended:
             return
+        row = await self._core.job(job_id)
         relay.ended = True
         self._sessions.kernel_state(relay.key, busy=False)
         why = f"{row.state}: {row.reason or ''}".rstrip(": ")

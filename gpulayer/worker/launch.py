@@ -9,6 +9,7 @@ function                 :class:`FunctionRun` (warm runner)  folder, bundle, pay
 function with a gang     :class:`GangCallRun`               folder, bundle, payload,
                                                             metrics
 session                  :class:`SessionRun`                folder
+relay session (kernel)   :class:`RelayedKernelRun`          folder
 cell                     :class:`CellTaskRun`               folder (none for a plain
                                                             cell of a session), push
 =======================  =================================  ==========================
@@ -28,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulayer import contracts as c
+from gpulayer.errors import GpulayerError
 from gpulayer.worker.environments import EnvBuildFailed, EnvCache, Prepared
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
@@ -36,6 +38,7 @@ from gpulayer.worker.kernels import KernelHost, session_key
 from gpulayer.worker.network import Network
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
+from gpulayer.worker.relayed_kernels import RelayedKernelRun, RelayOpener
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
 from gpulayer.worker.workspace import ControlPlaneAddress, TaskDir, task_env, task_vars
@@ -68,7 +71,9 @@ class Launcher:
         network: Callable[[], Network] | None = None,
         envs: EnvCache | None = None,
         report_env: EnvReport | None = None,
+        open_relay: RelayOpener | None = None,
     ) -> None:
+        self._open_relay = open_relay
         self._envs = envs
         self._report_env = report_env
         self._name = worker_name
@@ -220,6 +225,11 @@ class Launcher:
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         await task.file_work(folder.hand_over)
         env = _activate(env, await self._python_env(task))
+        if a.spec.session is not None and a.spec.session.relay:
+            if self._open_relay is None:
+                raise GpulayerError("this worker cannot relay kernels (no control plane address)")
+            return RelayedKernelRun(self._kernels, a, env=env, cwd=folder.work,
+                                    on_line=task.logs.add, open_relay=self._open_relay)  # fmt: skip
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None

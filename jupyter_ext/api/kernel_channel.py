@@ -26,7 +26,6 @@ from gpulayer.contracts import CLOSE_RESYNC
 
 from ..auth import Principal
 from ..kernel_relays import KernelRelays
-from ..store import JobRecord
 from .channel import ChannelHandler
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ _STATES = frozenset({"busy", "idle"})
 class _RelayHandler(ChannelHandler):
     """One side of a kernel relay."""
 
-    _row: JobRecord
+    _admitted = False
 
     @property
     def relays(self) -> KernelRelays:
@@ -90,7 +89,7 @@ class _RelayHandler(ChannelHandler):
         """Detach from the relay."""
         super().on_close()
         running = self.state.running
-        if running is not None and hasattr(self, "_row"):
+        if running is not None and self._admitted:
             running.plane.kernel_relays.detach(self.job_id, self)
 
 
@@ -101,12 +100,13 @@ class KernelClientChannelHandler(_RelayHandler):
 
     async def admit_channel(self, who: Principal) -> None:
         """The owner's own running (or starting) kernel, else 404."""
-        self._row = await self.relays.client_job(self.job_id, who)
+        await self.relays.admit_client(self.job_id, who)
+        self._admitted = True
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
         """Attach (replacing another client) and watch for the job's end."""
         await super().open()
-        self.relays.attach_client(self._row, self)
+        self.relays.attach_client(self.job_id, self)
         self._spawn(self._watch(), self._loops)
 
     async def _watch(self) -> None:
@@ -120,7 +120,7 @@ class KernelClientChannelHandler(_RelayHandler):
                 await asyncio.sleep(1.0)
                 continue
             if job is not None:
-                self.relays.ended(await self.gl.core.job(self.job_id))
+                await self.relays.ended(self.job_id)
                 return
 
     def on_message(self, message: str | bytes) -> None:
@@ -138,12 +138,13 @@ class KernelWorkerChannelHandler(_RelayHandler):
 
     async def admit_channel(self, who: Principal) -> None:
         """Its own worker, running that kernel's task, else 403/404."""
-        self._row = await self.relays.worker_job(self.path_kwargs["worker_id"], self.job_id, who)
+        await self.relays.admit_worker(self.path_kwargs["worker_id"], self.job_id, who)
+        self._admitted = True
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
         """Attach: the client hears ``ready``."""
         await super().open()
-        self.relays.attach_worker(self._row, self)
+        self.relays.attach_worker(self.job_id, self)
 
     def on_message(self, message: str | bytes) -> None:
         """A kernel's message for the client, or (text) its execution state."""

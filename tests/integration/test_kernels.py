@@ -1,0 +1,148 @@
+"""gpulayer kernels end to end (docs/kernels.md): a kernelspec installed by
+``gpulayer kernel install`` into a private Jupyter data dir, started by jupyter_client's
+``AsyncKernelManager`` in this process (the provisioner, as a Jupyter server runs it),
+a real control plane subprocess and a real ``gpulayer join`` worker whose ipykernel
+holds the reserved GPUs. The Jupyter client only ever talks to 127.0.0.1 ports.
+"""
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import AsyncKernelManager
+
+from gpulayer.cli import main
+from gpulayer.client import Connection
+from gpulayer.cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(180)
+
+GRACE = 3.0  # the cluster's kernel_detach_seconds
+
+
+@pytest.fixture(scope="module")
+def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One control plane (short detach grace) and one worker with two simulated GPUs."""
+    c = LocalCluster(
+        tmp_path_factory.mktemp("kcluster"),
+        workers=1,
+        slots=2,
+        simulated_gpus="2xA100-80GB",
+        heartbeat_seconds=0.5,
+        lease_seconds=4.0,
+        server_args=[
+            f"--GpulayerApp.kernel_detach_seconds={GRACE}",
+            "--GpulayerApp.sweep_seconds=0.2",
+        ],
+    )
+    with c:
+        yield c
+
+
+@pytest.fixture
+def kernels(
+    kcluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Connection]:
+    """This process is a Jupyter server configured for the cluster, with gpulayer
+    kernelspecs ``gl1`` (1 GPU) and ``gl8`` (8 GPUs: no worker fits) installed."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("GPULAYER_URL", kcluster.url)
+    monkeypatch.setenv("GPULAYER_TOKEN", kcluster.admin_token)
+    monkeypatch.setenv("GPULAYER_CONFIG", str(tmp_path / "absent.json"))
+    assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user"]) == 0
+    assert main(["kernel", "install", "--name", "gl8", "--gpus", "8",
+                 "--start-timeout", "3s"]) == 0  # fmt: skip
+    with kcluster.connection() as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def started(name: str = "gl1") -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+    km = AsyncKernelManager(kernel_name=name)
+    await km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if await km.is_alive():
+            await km.shutdown_kernel()
+
+
+async def run(
+    kc: Any, code: str, stdin: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Execute ``code`` (answering ``input()`` with ``stdin``); its reply and iopub messages."""
+    msg_id = kc.execute(code, allow_stdin=stdin is not None)
+    if stdin is not None:
+        request = await kc.get_stdin_msg(timeout=30)
+        assert request["msg_type"] == "input_request"
+        kc.input(stdin)
+    seen = []
+    while True:
+        msg = await kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        seen.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    while True:
+        reply = await kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply, seen
+
+
+def stdout(seen: list[dict[str, Any]]) -> str:
+    return "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+
+
+def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None:
+    async def main_() -> None:
+        async with started() as (km, kc):
+            job_id = km.provisioner.job_id
+            job = kernels.job(job_id)
+            assert job.state == "running" and job.spec.session.relay
+            code = (
+                "import os, socket; print(os.environ['CUDA_VISIBLE_DEVICES'], socket.gethostname())"
+            )
+            reply, seen = await run(kc, code)
+            assert reply["content"]["status"] == "ok"
+            gpus, host = stdout(seen).split()
+            assert len(gpus.split(",")) == 1 and host == socket.gethostname()
+
+            _, seen = await run(kc, "from IPython.display import HTML; HTML('<b>remote</b>')")
+            results = [m for m in seen if m["msg_type"] == "execute_result"]
+            assert results[0]["content"]["data"]["text/html"] == "<b>remote</b>"
+
+            reply, seen = await run(kc, "name = input('who? '); print('hello', name)", stdin="ada")
+            assert "hello ada" in stdout(seen)
+
+            msg_id = kc.complete("import o", 8)
+            reply = await kc.get_shell_msg(timeout=30)
+            assert reply["parent_header"]["msg_id"] == msg_id
+            assert "os" in reply["content"]["matches"]
+            kc.inspect("name", 4)
+            reply = await kc.get_shell_msg(timeout=30)
+            assert reply["content"]["found"]
+
+            # A widget made remotely; the client moves it; the kernel sees the value.
+            _, seen = await run(kc, "import ipywidgets as w; s = w.IntSlider(3); s")
+            models = {m["content"]["data"]["state"].get("_model_name"): m["content"]["comm_id"]
+                      for m in seen if m["msg_type"] == "comm_open"}  # fmt: skip
+            update = {"method": "update", "state": {"value": 42}, "buffer_paths": []}
+            comm = {"comm_id": models["IntSliderModel"], "data": update}
+            kc.shell_channel.send(kc.session.msg("comm_msg", comm))
+            _, seen = await run(kc, "print(s.value)")
+            assert stdout(seen) == "42\n"
+        # Shut down: the job ends succeeded, its GPU is free again.
+        done = await asyncio.to_thread(kernels.wait, job_id, 30)
+        assert done.state == "succeeded", done.reason
+
+    asyncio.run(main_())
