@@ -175,6 +175,8 @@ class GpulayerProvisioner(KernelProvisionerBase):
         except BaseException:
             await self._end_job()
             self.job_id = None
+            self._conn = None
+            conn.close()  # a start that failed leaves nothing open
             raise
         km: Any = self.parent
         proxy = ProxyEnd(km.session.key, ws.send, scheme=km.session.signature_scheme)

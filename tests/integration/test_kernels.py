@@ -6,7 +6,10 @@ holds the reserved GPUs. The Jupyter client only ever talks to 127.0.0.1 ports.
 """
 
 import asyncio
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,9 +18,12 @@ from typing import Any
 import pytest
 from jupyter_client.manager import AsyncKernelManager
 
+from gpulayer import contracts, errors
 from gpulayer.cli import main
 from gpulayer.client import Connection
 from gpulayer.cluster import LocalCluster
+
+from ..support import until, until_async
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,8 +78,7 @@ async def started(name: str = "gl1") -> AsyncIterator[tuple[AsyncKernelManager, 
         yield km, kc
     finally:
         kc.stop_channels()
-        if await km.is_alive():
-            await km.shutdown_kernel()
+        await km.shutdown_kernel(now=not await km.is_alive())
 
 
 async def run(
@@ -146,3 +151,125 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
         assert done.state == "succeeded", done.reason
 
     asyncio.run(main_())
+
+
+def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connection) -> None:
+    async def main_() -> None:
+        async with started() as (km, kc):
+            first = km.provisioner.job_id
+            reply, _ = await run(kc, "a = 1")
+            assert reply["content"]["status"] == "ok"
+            # A cell from another client of this owner is refused: a kernel runs no cells.
+            name = kernels.job(first).spec.session.name
+            with pytest.raises(errors.Conflict, match="gpulayer kernel"):
+                await asyncio.to_thread(kernels.submit, cell_in(name))
+
+            msg_id = kc.execute("while True: pass")
+            await busy(kc, msg_id)
+            await km.interrupt_kernel()  # interrupt_mode message: a control request
+            reply = await kc.get_shell_msg(timeout=30)
+            assert reply["parent_header"]["msg_id"] == msg_id
+            assert reply["content"]["ename"] == "KeyboardInterrupt"
+
+            await km.restart_kernel()  # a new kernel in a new job, on the same ports
+            second = km.provisioner.job_id
+            assert second != first
+            assert (await asyncio.to_thread(kernels.wait, first, 30)).state == "succeeded"
+            await kc.wait_for_ready(timeout=60)
+            _, seen = await run(
+                kc, "import os; print('a' in dir(), os.environ['CUDA_VISIBLE_DEVICES'])"
+            )
+            gone, gpus = stdout(seen).split()
+            assert gone == "False" and gpus in ("0", "1")
+
+            kc.execute("import os; os._exit(3)")
+            await until_async(lambda: dead(km), 30, "the kernel to be seen dead")
+            ended = await asyncio.to_thread(kernels.wait, second, 30)
+            assert ended.state == "failed" and "the kernel died" in (ended.reason or "")
+
+    asyncio.run(main_())
+
+
+def test_a_kernel_no_worker_fits_says_why_and_gives_up(kernels: Connection) -> None:
+    async def main_() -> None:
+        km = AsyncKernelManager(kernel_name="gl8")
+        with pytest.raises(RuntimeError, match=r"within 3s.*8 ×|within 3s.*GPU"):
+            await km.start_kernel()
+        queued = [j for j in kernels.jobs() if j.spec.session and j.spec.session.relay
+                  and j.state == "queued"]  # fmt: skip
+        assert queued == []  # the job was cancelled, nothing waits on
+
+    asyncio.run(main_())
+
+
+def test_a_jupyter_server_killed_leaves_no_kernel_behind(
+    kernels: Connection, tmp_path: Path
+) -> None:
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import asyncio\n"
+        "from jupyter_client.manager import AsyncKernelManager\n"
+        "async def main():\n"
+        "    km = AsyncKernelManager(kernel_name='gl1')\n"
+        "    await km.start_kernel()\n"
+        "    print(km.provisioner.job_id, flush=True)\n"
+        "    await asyncio.Event().wait()\n"
+        "asyncio.run(main())\n"
+    )
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            job_id = proc.stdout.readline().strip()
+            assert kernels.job(job_id).state == "running"
+        finally:
+            proc.send_signal(signal.SIGKILL)  # no shutdown, no cleanup: the relay just drops
+    ended = kernels.wait(job_id, GRACE + 20)
+    assert ended.state == "succeeded", ended.reason  # ended by the plane, not lost
+    assert "no Jupyter client attached" in (ended.reason or "")
+    assert until(lambda: idle_worker(kernels), 20, "the worker to be idle, its GPU free")
+
+
+def test_a_revoked_token_closes_the_relay(
+    kernels: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = kernels.create_token(contracts.CreateToken(name="kernel-user", role="submitter"))
+    monkeypatch.setenv("GPULAYER_TOKEN", made.token)
+
+    async def main_() -> None:
+        async with started() as (km, kc):
+            job_id = km.provisioner.job_id
+            reply, _ = await run(kc, "b = 2")
+            assert reply["content"]["status"] == "ok"
+            await asyncio.to_thread(kernels.revoke_token, "kernel-user")
+            await until_async(lambda: dead(km), 30, "the relay to close")
+            ended = await asyncio.to_thread(kernels.wait, job_id, GRACE + 20)
+            assert ended.state in ("succeeded", "cancelled")
+
+    asyncio.run(main_())
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def cell_in(session: str) -> contracts.JobSpec:
+    return contracts.JobSpec.model_validate(
+        {"kind": "cell", "cell": {"source": "print(1)", "session": session}}
+    )
+
+
+async def busy(kc: Any, msg_id: str) -> None:
+    """Until the kernel says it runs ``msg_id``'s code."""
+    while True:
+        msg = await kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            return
+
+
+async def dead(km: AsyncKernelManager) -> bool:
+    return not await km.is_alive()
+
+
+def idle_worker(conn: Connection) -> bool:
+    """Whether the worker runs no task (its GPUs are free)."""
+    (worker,) = conn.workers()
+    return not worker.running_tasks
