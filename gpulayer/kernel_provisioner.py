@@ -39,7 +39,7 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from gpulayer import contracts
+from gpulayer import contracts, transfer
 from gpulayer.client import config
 from gpulayer.client.connection import Connection
 from gpulayer.client.pending import PendingNotes
@@ -84,6 +84,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
     )
 
     job_id: str | None = None
+    _cwd: str | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -92,6 +93,9 @@ class GpulayerProvisioner(KernelProvisionerBase):
         self._proxy: ProxyEnd | None = None
         self._relay: asyncio.Task[int] | None = None
         self._exit: int | None = None
+        #: Why the control plane ended the kernel (idle, cancelled): no automatic restart.
+        self._ended_why: str | None = None
+        self._shutdown_asked = False  # a shutdown (or restart) this server asked for
 
     # ------------------------------------------------------------ process
 
@@ -128,6 +132,10 @@ class GpulayerProvisioner(KernelProvisionerBase):
         """End the kernel's job (its GPUs are released)."""
         await self._end_job()
 
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        """The Jupyter server asks the kernel to shut down (or restart): its own wish."""
+        self._shutdown_asked = True
+
     async def cleanup(self, restart: bool = False) -> None:
         """Close the relay and end the job if it still runs; a restart places a new one."""
         await self._end_job()
@@ -161,7 +169,18 @@ class GpulayerProvisioner(KernelProvisionerBase):
         return await super().pre_launch(cmd=list(self.kernel_spec.argv), **kwargs)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Submit the relay session, wait for it, attach, and answer local ports."""
+        """Submit the relay session, wait for it, attach, and answer local ports.
+
+        A kernel the control plane ended (idle expiry, cancelled) is not started
+        again by Jupyter's automatic restart: only a restart someone asks for
+        places a new one (a kernel that died is restarted, as a local one is).
+        """
+        ended, asked = self._ended_why, self._shutdown_asked
+        self._ended_why, self._shutdown_asked = None, False
+        if ended is not None and not asked:
+            raise KernelStartFailed(
+                f"the gpulayer kernel was ended ({ended}); restart it to start a new one"
+            )
         if self._conn is None:
             self._conn = await asyncio.to_thread(_connect)
         conn = self._conn
@@ -208,6 +227,8 @@ class GpulayerProvisioner(KernelProvisionerBase):
         }
         if self.pip:
             spec["environment"] = {"pip": list(self.pip)}
+        if self.sync_workdir and self._cwd:
+            spec["bundle"] = _upload_workdir(conn, self._cwd)
         return contracts.JobSpec.model_validate(spec)
 
     async def _until_running(self, conn: Connection, job_id: str) -> None:
@@ -263,6 +284,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
                 pass
             code = ws.close_code
             if code == contracts.CLOSE_KERNEL_ENDED:
+                self._ended_why = ws.close_reason or "ended"
                 return 0
             if code in (
                 contracts.CLOSE_KERNEL_DIED,
@@ -312,6 +334,12 @@ class GpulayerProvisioner(KernelProvisionerBase):
         if self._proxy is not None:
             await self._proxy.close()
             self._proxy = None
+
+
+def _upload_workdir(conn: Connection, folder: str) -> str:
+    """Pack the notebook's folder and upload it; its sha256 (the job's bundle)."""
+    with transfer.pack_workdir(folder) as packed:
+        return conn.upload_file(packed.path, packed.digest).sha256
 
 
 def _connect() -> Connection:

@@ -227,10 +227,12 @@ class Sessions:
         for key, row in (await self.active(running_only=True)).items():
             if row.state != JobState.running or key in busy:
                 continue
-            timeout = self.idle_timeout(self._spec(row))
+            spec = self._spec(row)
+            timeout = self.idle_timeout(spec)
             since = max(self._activity.get(key, now), row.started_at or now)
             if now - since > timeout:
-                out.append((row.id, f"ended after {_human(timeout)} without a cell"))
+                unused = "without use" if spec.session and spec.session.relay else "without a cell"
+                out.append((row.id, f"ended after {_human(timeout)} {unused}"))
         return out
 
     # ------------------------------------------------------------- models

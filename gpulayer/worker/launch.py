@@ -9,7 +9,8 @@ function                 :class:`FunctionRun` (warm runner)  folder, bundle, pay
 function with a gang     :class:`GangCallRun`               folder, bundle, payload,
                                                             metrics
 session                  :class:`SessionRun`                folder
-relay session (kernel)   :class:`RelayedKernelRun`          folder
+relay session (kernel)   :class:`RelayedKernelRun`          folder, bundle (the
+                                                            notebook's folder)
 cell                     :class:`CellTaskRun`               folder (none for a plain
                                                             cell of a session), push
 =======================  =================================  ==========================
@@ -222,6 +223,13 @@ class Launcher:
                 self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
             )
         folder = await task.make_dir(self._tasks_root)
+        if a.spec.bundle is not None:  # a kernel's notebook folder (--sync-workdir)
+            bundle: bytes | Path = (
+                await self._blob_file(a.spec.bundle)
+                if self._blob_file is not None
+                else await self._blob(a.spec.bundle)
+            )
+            await asyncio.to_thread(folder.unpack, bundle)
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
         await task.file_work(folder.hand_over)
         env = _activate(env, await self._python_env(task))

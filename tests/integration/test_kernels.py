@@ -28,6 +28,7 @@ from ..support import until, until_async
 pytestmark = pytest.mark.timeout(180)
 
 GRACE = 3.0  # the cluster's kernel_detach_seconds
+IDLE = 2.0  # the idle timeout of kernelspec "idle"
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +64,17 @@ def kernels(
     assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user"]) == 0
     assert main(["kernel", "install", "--name", "gl8", "--gpus", "8",
                  "--start-timeout", "3s"]) == 0  # fmt: skip
+    assert main(["kernel", "install", "--name", "idle", "--gpus", "0",
+                 "--idle-timeout", f"{IDLE:g}s"]) == 0  # fmt: skip
+    assert main(["kernel", "install", "--name", "synced", "--gpus", "0", "--sync-workdir"]) == 0
     with kcluster.connection() as conn:
         yield conn
 
 
 @asynccontextmanager
-async def started(name: str = "gl1") -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
+async def started(name: str = "gl1", **start: Any) -> AsyncIterator[tuple[AsyncKernelManager, Any]]:
     km = AsyncKernelManager(kernel_name=name)
-    await km.start_kernel()
+    await km.start_kernel(**start)
     kc = km.client()
     kc.start_channels()
     try:
@@ -190,11 +194,16 @@ def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connect
     asyncio.run(main_())
 
 
-def test_a_kernel_no_worker_fits_says_why_and_gives_up(kernels: Connection) -> None:
+def test_a_kernel_no_worker_fits_says_why_and_gives_up(
+    kernels: Connection, caplog: pytest.LogCaptureFixture
+) -> None:
     async def main_() -> None:
         km = AsyncKernelManager(kernel_name="gl8")
-        with pytest.raises(RuntimeError, match=r"within 3s.*8 ×|within 3s.*GPU"):
+        with pytest.raises(RuntimeError, match=r"within 3s.*needs 8 ×"):
             await km.start_kernel()
+        # While it waited, the server's log said why (the pending reasons).
+        assert any("cannot start" in r.getMessage() and "needs 8 ×" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
         queued = [j for j in kernels.jobs() if j.spec.session and j.spec.session.relay
                   and j.state == "queued"]  # fmt: skip
         assert queued == []  # the job was cancelled, nothing waits on
@@ -244,6 +253,41 @@ def test_a_revoked_token_closes_the_relay(
             await until_async(lambda: dead(km), 30, "the relay to close")
             ended = await asyncio.to_thread(kernels.wait, job_id, GRACE + 20)
             assert ended.state in ("succeeded", "cancelled")
+
+    asyncio.run(main_())
+
+
+def test_idle_expiry_spares_a_busy_kernel_and_is_not_undone_by_a_restart(
+    kernels: Connection,
+) -> None:
+    async def main_() -> None:
+        async with started("idle") as (km, kc):
+            job_id = km.provisioner.job_id
+            # Running code is not idle: a cell longer than the idle timeout completes.
+            _, seen = await run(kc, f"import time; time.sleep({IDLE * 2}); print('done')")
+            assert stdout(seen) == "done\n"
+            assert kernels.job(job_id).state == "running"
+            # Then, unused, the kernel is ended as Jupyter's culler would end it...
+            ended = await asyncio.to_thread(kernels.wait, job_id, IDLE + 20)
+            assert ended.state == "succeeded" and "without use" in (ended.reason or "")
+            await until_async(lambda: dead(km), 20, "the kernel to be seen ended")
+            assert await km.provisioner.poll() == 0
+            # ... and Jupyter's automatic restart (no shutdown asked) does not undo it.
+            with pytest.raises(RuntimeError, match="was ended"):
+                await km.restart_kernel(now=True)
+
+    asyncio.run(main_())
+
+
+def test_sync_workdir_ships_the_notebooks_folder(kernels: Connection, tmp_path: Path) -> None:
+    notebook_dir = tmp_path / "project"
+    (notebook_dir / "data").mkdir(parents=True)
+    (notebook_dir / "data" / "numbers.txt").write_text("1 2 3\n")
+
+    async def main_() -> None:
+        async with started("synced", cwd=str(notebook_dir)) as (_, kc):
+            _, seen = await run(kc, "print(open('data/numbers.txt').read().split())")
+            assert stdout(seen) == "['1', '2', '3']\n"
 
     asyncio.run(main_())
 
