@@ -15,8 +15,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from gpulayer import contracts, errors
 from gpulayer.cli import main
@@ -157,6 +161,28 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
     asyncio.run(main_())
 
 
+def test_nbclient_runs_a_notebook_on_the_gpulayer_kernel(kernels: Connection) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+        "from IPython.display import HTML, display\n"
+        "display(HTML('<i>from the worker</i>'))",
+        "import ipywidgets as w; s = w.IntSlider(5, description='x'); s",
+        "s.value = 9; s.value",
+    )]  # fmt: skip
+    client = NotebookClient(nb, kernel_name="gl1", timeout=60, store_widget_state=True)
+    client.execute()
+    gpus, html, widget, value = (cell.outputs for cell in nb.cells)
+    assert gpus[0]["text"].strip() in ("0", "1")
+    assert html[0]["data"]["text/html"] == "<i>from the worker</i>"
+    assert "application/vnd.jupyter.widget-view+json" in widget[0]["data"]
+    assert value[0]["data"]["text/plain"] == "9"
+    # The widget's comm messages reached nbclient: its state is kept with the notebook.
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    sliders = [m["state"] for m in state.values() if m["model_name"] == "IntSliderModel"]
+    assert [(m["description"], m["value"]) for m in sliders] == [("x", 9)]
+
+
 def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connection) -> None:
     async def main_() -> None:
         async with started() as (km, kc):
@@ -288,6 +314,36 @@ def test_sync_workdir_ships_the_notebooks_folder(kernels: Connection, tmp_path: 
         async with started("synced", cwd=str(notebook_dir)) as (_, kc):
             _, seen = await run(kc, "print(open('data/numbers.txt').read().split())")
             assert stdout(seen) == "['1', '2', '3']\n"
+
+    asyncio.run(main_())
+
+
+def test_only_the_owner_reaches_a_kernels_relay(
+    kernels: Connection, kcluster: LocalCluster
+) -> None:
+    other = kernels.create_token(contracts.CreateToken(name="someone-else", role="submitter"))
+
+    def refused(path: str, token: str) -> int:
+        url = "ws" + kcluster.url.removeprefix("http").rstrip("/") + contracts.API_PREFIX + "/"
+        with pytest.raises(InvalidStatus) as e:
+            connect(url + path, additional_headers={"Authorization": f"Bearer {token}"},
+                    open_timeout=20)  # fmt: skip
+        return e.value.response.status_code
+
+    async def main_() -> None:
+        async with started() as (km, _):
+            job_id = km.provisioner.job_id
+            path = contracts.KERNEL_CHANNEL_PATH.format(job_id=job_id)
+            # Another owner cannot tell it from a job that does not exist.
+            assert await asyncio.to_thread(refused, path, other.token) == 404
+            assert await asyncio.to_thread(refused, "kernels/nope/channel", other.token) == 404
+            # Nobody but a worker opens the worker's end, and only the one running it.
+            (worker,) = kernels.workers()
+            theirs = f"workers/{worker.id}/kernels/{job_id}/channel"
+            assert await asyncio.to_thread(refused, theirs, kcluster.admin_token) == 403
+        command = kernels.submit(contracts.JobSpec(kind="command", command=["true"]))
+        path = contracts.KERNEL_CHANNEL_PATH.format(job_id=command.id)
+        assert await asyncio.to_thread(refused, path, kcluster.admin_token) == 404
 
     asyncio.run(main_())
 
