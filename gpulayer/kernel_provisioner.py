@@ -59,6 +59,14 @@ class KernelStartFailed(RuntimeError):
     """The gpulayer kernel could not start (the message says why)."""
 
 
+class RelayRefused(KernelStartFailed):
+    """The control plane answered the relay's handshake without upgrading it."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class GpulayerProvisioner(KernelProvisionerBase):
     """Runs a kernel as a gpulayer relay session (see the module docstring)."""
 
@@ -305,8 +313,10 @@ class GpulayerProvisioner(KernelProvisionerBase):
         while loop.time() < deadline:
             try:
                 return await _open(conn, job_id)
-            except KernelStartFailed:
-                return None  # the job ended
+            except RelayRefused as e:
+                if e.status < 500 and e.status != 429:
+                    return None  # the job ended (404), or the token is no longer good
+                await asyncio.sleep(1.0)  # the control plane is starting
             except (OSError, InvalidHandshake, TimeoutError):
                 await asyncio.sleep(1.0)
         return None
@@ -354,10 +364,10 @@ async def _open(conn: Connection, job_id: str) -> ClientConnection:
 
     Raises
     ------
-    KernelStartFailed
+    RelayRefused
         When the control plane refuses it (the job ended, or is not a kernel of
-        this token's owner), or answers without upgrading (no WebSocket: kernels
-        need it).
+        this token's owner; 503 while it starts), or a proxy answers without
+        upgrading (no WebSocket: kernels need it).
     """
     path = contracts.KERNEL_CHANNEL_PATH.format(job_id=job_id)
     url, headers, context = conn.websocket_target(path)
@@ -371,9 +381,11 @@ async def _open(conn: Connection, job_id: str) -> ClientConnection:
             open_timeout=20,
         )
     except InvalidStatus as e:
-        raise KernelStartFailed(
-            f"the control plane refused the kernel's relay for job {job_id}"
-            f" (HTTP {e.response.status_code}); gpulayer kernels need a WebSocket to it"
+        status = e.response.status_code
+        raise RelayRefused(
+            f"the control plane refused the kernel's relay for job {job_id} (HTTP {status});"
+            " gpulayer kernels need a WebSocket to it",
+            status,
         ) from e
     nodelay(ws)
     return ws

@@ -71,6 +71,7 @@ def kernels(
     assert main(["kernel", "install", "--name", "idle", "--gpus", "0",
                  "--idle-timeout", f"{IDLE:g}s"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "synced", "--gpus", "0", "--sync-workdir"]) == 0
+    assert main(["kernel", "install", "--name", "cpu", "--gpus", "0"]) == 0
     with kcluster.connection() as conn:
         yield conn
 
@@ -318,6 +319,27 @@ def test_sync_workdir_ships_the_notebooks_folder(kernels: Connection, tmp_path: 
     asyncio.run(main_())
 
 
+def test_a_control_plane_restart_keeps_the_kernel_and_its_state(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with LocalCluster(tmp_path / "c", workers=1, slots=1, heartbeat_seconds=0.5,
+                      lease_seconds=8.0) as c:  # fmt: skip
+        monkeypatch.setenv("GPULAYER_URL", c.url)
+        monkeypatch.setenv("GPULAYER_TOKEN", c.admin_token)
+
+        async def main_() -> None:
+            async with started("cpu") as (km, kc):
+                reply, _ = await run(kc, "a = 5")
+                assert reply["content"]["status"] == "ok"
+                await asyncio.to_thread(c.restart_control_plane)
+                await until_async(lambda: answers(kc), 60, "the relay to be attached again")
+                _, seen = await run(kc, "print(a)")  # the same kernel: its state is there
+                assert stdout(seen) == "5\n"
+                assert await km.is_alive()
+
+        asyncio.run(main_())
+
+
 def test_only_the_owner_reaches_a_kernels_relay(
     kernels: Connection, kcluster: LocalCluster
 ) -> None:
@@ -363,6 +385,18 @@ async def busy(kc: Any, msg_id: str) -> None:
         msg = await kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
             return
+
+
+async def answers(kc: Any) -> bool:
+    """Whether a kernel_info_request is answered within a second."""
+    msg_id = kc.kernel_info()
+    try:
+        while True:
+            reply = await kc.get_shell_msg(timeout=1)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return True
+    except Exception:  # queue.Empty: no answer (yet)
+        return False
 
 
 async def dead(km: AsyncKernelManager) -> bool:
