@@ -6,15 +6,19 @@ holds the reserved GPUs. The Jupyter client only ever talks to 127.0.0.1 ports.
 """
 
 import asyncio
+import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nbformat
 import pytest
 from jupyter_client.manager import AsyncKernelManager
@@ -24,7 +28,7 @@ from websockets.sync.client import connect
 
 from gpulayer import contracts, errors
 from gpulayer.cli import main
-from gpulayer.client import Connection
+from gpulayer.client import Connection, config
 from gpulayer.cluster import LocalCluster
 
 from ..support import until, until_async
@@ -182,6 +186,54 @@ def test_nbclient_runs_a_notebook_on_the_gpulayer_kernel(kernels: Connection) ->
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     sliders = [m["state"] for m in state.values() if m["model_name"] == "IntSliderModel"]
     assert [(m["description"], m["value"]) for m in sliders] == [("x", 9)]
+
+
+def test_a_jupyter_server_runs_one_as_the_browser_does(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Jupyter server (the headless control plane is one) starts the kernel for
+    ``POST api/kernels``; its kernel WebSocket carries the messages a browser sends.
+    Its gpulayer connection is the file `gpulayer up` saves."""
+    saved = tmp_path / "connection.json"
+    monkeypatch.delenv("GPULAYER_URL")  # the server's gpulayer connection is the file
+    monkeypatch.delenv("GPULAYER_TOKEN")
+    env = {"GPULAYER_CONFIG": str(saved), "JUPYTER_PATH": os.environ["JUPYTER_PATH"],
+           "JUPYTER_DATA_DIR": os.environ["JUPYTER_DATA_DIR"]}  # fmt: skip
+    with LocalCluster(tmp_path / "c", workers=1, env=env, simulated_gpus="1xA100-80GB",
+                      heartbeat_seconds=0.5) as c:  # fmt: skip
+        config.save(config.ConnectionConfig(url=c.url, token=c.admin_token), saved)
+        auth = {"Authorization": f"token {c.jupyter_token}"}
+        with httpx.Client(base_url=c.url, headers=auth, timeout=90) as http:
+            started_ = http.post("api/kernels", json={"name": "gl1"})
+            assert started_.status_code == 201, started_.text
+            kernel_id = started_.json()["id"]
+            ws_url = "ws" + c.url.removeprefix("http") + f"api/kernels/{kernel_id}/channels"
+            with connect(ws_url, additional_headers=auth, open_timeout=30) as ws:
+                msg_id = uuid.uuid4().hex
+                ws.send(json.dumps(execute_request(msg_id, "import os\n"
+                        "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])")))  # fmt: skip
+                text = ""
+                while "gpus" not in text:
+                    msg = json.loads(ws.recv(timeout=60))
+                    if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                        text += msg["content"]["text"]
+                assert text == "gpus 0\n"
+            with c.connection() as conn:
+                jobs = conn.jobs()
+                (job,) = [j for j in jobs if j.spec.labels.get("gpulayer.dev/kernel") == kernel_id]
+                assert job.state == "running" and job.spec.session and job.spec.session.relay
+                assert http.delete(f"api/kernels/{kernel_id}").status_code == 204
+                assert conn.wait(job.id, 30).state == "succeeded"
+
+
+def execute_request(msg_id: str, code: str) -> dict[str, Any]:
+    """An ``execute_request`` as JupyterLab sends it over the kernel WebSocket."""
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "session": uuid.uuid4().hex,
+              "username": "", "version": "5.3", "date": "2026-01-01T00:00:00Z"}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+    return {"header": header, "parent_header": {}, "metadata": {}, "content": content,
+            "channel": "shell", "buffers": []}  # fmt: skip
 
 
 def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connection) -> None:
