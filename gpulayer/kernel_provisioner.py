@@ -50,6 +50,8 @@ from gpulayer.kernel_relay import ProxyEnd, nodelay
 _POLL_SECONDS = 0.5
 #: How long a dropped relay is opened again before the kernel counts as dead.
 _REATTACH_SECONDS = 60.0
+#: How much longer than ``start_timeout`` the job itself may stay queued.
+_QUEUE_MARGIN_SECONDS = 30.0
 _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 #: The largest frame taken from the control plane.
 _MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -232,6 +234,8 @@ class GpulayerProvisioner(KernelProvisionerBase):
             "env": env,
             "secrets": list(self.secrets),
             "labels": {"gpulayer.dev/kernel": self.kernel_id or ""},
+            # Should this server die while the kernel waits, the plane gives up too.
+            "queue_timeout": self.start_timeout + _QUEUE_MARGIN_SECONDS,
         }
         if self.pip:
             spec["environment"] = {"pip": list(self.pip)}

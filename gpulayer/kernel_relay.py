@@ -355,7 +355,11 @@ class KernelEnd(_End):
 
     async def _replies(self, channel: str, identity: bytes, sock: zmq.asyncio.Socket) -> None:
         while True:
-            got = split(await sock.recv_multipart())
+            try:
+                msg = await sock.recv_multipart()
+            except zmq.ZMQError:  # closed: the oldest client's, past MAX_CLIENTS
+                return
+            got = split(msg)
             if got is None or not self._signer.valid(got[1], got[2]):
                 self.dropped += 1
                 continue

@@ -69,7 +69,8 @@ def kernels(
     monkeypatch.setenv("GPULAYER_URL", kcluster.url)
     monkeypatch.setenv("GPULAYER_TOKEN", kcluster.admin_token)
     monkeypatch.setenv("GPULAYER_CONFIG", str(tmp_path / "absent.json"))
-    assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user"]) == 0
+    assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user",
+                 "--env", "GL_MODE=fast"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "gl8", "--gpus", "8",
                  "--start-timeout", "3s"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "idle", "--gpus", "0",
@@ -111,10 +112,15 @@ async def run(
         seen.append(msg)
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
+    return await reply_to(kc, msg_id), seen
+
+
+async def reply_to(kc: Any, msg_id: str) -> dict[str, Any]:
+    """The shell reply to ``msg_id`` (a late reply to an earlier request is skipped)."""
     while True:
-        reply = await kc.get_shell_msg(timeout=30)
+        reply: dict[str, Any] = await kc.get_shell_msg(timeout=30)
         if reply["parent_header"].get("msg_id") == msg_id:
-            return reply, seen
+            return reply
 
 
 def stdout(seen: list[dict[str, Any]]) -> str:
@@ -127,13 +133,13 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
             job_id = km.provisioner.job_id
             job = kernels.job(job_id)
             assert job.state == "running" and job.spec.session.relay
-            code = (
-                "import os, socket; print(os.environ['CUDA_VISIBLE_DEVICES'], socket.gethostname())"
+            code = "import os, socket; e = os.environ\n" + (
+                "print(e['CUDA_VISIBLE_DEVICES'], socket.gethostname(), e['GL_MODE'])"
             )
             reply, seen = await run(kc, code)
             assert reply["content"]["status"] == "ok"
-            gpus, host = stdout(seen).split()
-            assert len(gpus.split(",")) == 1 and host == socket.gethostname()
+            gpus, host, mode = stdout(seen).split()
+            assert len(gpus.split(",")) == 1 and host == socket.gethostname() and mode == "fast"
 
             _, seen = await run(kc, "from IPython.display import HTML; HTML('<b>remote</b>')")
             results = [m for m in seen if m["msg_type"] == "execute_result"]
@@ -142,12 +148,9 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
             reply, seen = await run(kc, "name = input('who? '); print('hello', name)", stdin="ada")
             assert "hello ada" in stdout(seen)
 
-            msg_id = kc.complete("import o", 8)
-            reply = await kc.get_shell_msg(timeout=30)
-            assert reply["parent_header"]["msg_id"] == msg_id
+            reply = await reply_to(kc, kc.complete("import o", 8))
             assert "os" in reply["content"]["matches"]
-            kc.inspect("name", 4)
-            reply = await kc.get_shell_msg(timeout=30)
+            reply = await reply_to(kc, kc.inspect("name", 4))
             assert reply["content"]["found"]
 
             # A widget made remotely; the client moves it; the kernel sees the value.
@@ -250,8 +253,7 @@ def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connect
             msg_id = kc.execute("while True: pass")
             await busy(kc, msg_id)
             await km.interrupt_kernel()  # interrupt_mode message: a control request
-            reply = await kc.get_shell_msg(timeout=30)
-            assert reply["parent_header"]["msg_id"] == msg_id
+            reply = await reply_to(kc, msg_id)
             assert reply["content"]["ename"] == "KeyboardInterrupt"
 
             await km.restart_kernel()  # a new kernel in a new job, on the same ports
