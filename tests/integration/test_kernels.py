@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import uuid
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -371,6 +372,41 @@ def test_sync_workdir_ships_the_notebooks_folder(kernels: Connection, tmp_path: 
             assert stdout(seen) == "['1', '2', '3']\n"
 
     asyncio.run(main_())
+
+
+def test_pip_install_in_the_kernel_lands_in_the_kernels_own_folder(
+    kernels: Connection, gl_shared_dir: Path
+) -> None:
+    wheel = tiny_wheel(gl_shared_dir, "glpiptest", "ANSWER = 42\n")  # the task user reads it
+
+    async def main_() -> None:
+        async with started("cpu") as (_, kc):
+            reply, seen = await run(kc, f"%pip install --no-index --no-deps {wheel}")
+            assert reply["content"]["status"] == "ok", stdout(seen)
+            assert "Successfully installed glpiptest" in stdout(seen), stdout(seen)
+            _, seen = await run(kc, "import glpiptest, sys; print(glpiptest.ANSWER,"
+                                    " glpiptest.__file__.startswith(sys.prefix))")  # fmt: skip
+            assert stdout(seen) == "42 False\n"  # importable, and not in the worker's Python
+
+    asyncio.run(main_())
+
+
+def tiny_wheel(folder: Path, name: str, source: str) -> Path:
+    """A pure-Python wheel of one module, written by hand (no build backend, no network)."""
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, text in files.items():
+            z.writestr(arc, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{arc},,\n" for arc in files) + f"{info}/RECORD,,\n")
+    path.chmod(0o644)
+    return path
 
 
 def test_a_control_plane_restart_keeps_the_kernel_and_its_state(
