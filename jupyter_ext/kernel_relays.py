@@ -164,7 +164,10 @@ class KernelRelays:
     def attach_client(self, job_id: str, peer: Peer) -> None:
         """A client attached (admitted just before): it replaces any other, and
         hears ``ready`` once the worker's end is there."""
-        relay = self._relays[job_id]
+        relay = self._relays.get(job_id)
+        if relay is None:  # forgotten since: it ended
+            peer.close_relay(CLOSE_KERNEL_ENDED, "the kernel has ended")
+            return
         old, relay.client, relay.detached_since = relay.client, peer, None
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "another client attached to this kernel")
@@ -174,7 +177,10 @@ class KernelRelays:
 
     def attach_worker(self, job_id: str, peer: Peer) -> None:
         """The worker's end attached (again): the client may talk to the kernel."""
-        relay = self._relays[job_id]
+        relay = self._relays.get(job_id)
+        if relay is None:
+            peer.close_relay(CLOSE_KERNEL_ENDED, "the kernel has ended")
+            return
         old, relay.worker = relay.worker, peer
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "the worker attached again")
