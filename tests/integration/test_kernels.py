@@ -15,7 +15,7 @@ import sys
 import uuid
 import zipfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -192,42 +192,73 @@ def test_nbclient_runs_a_notebook_on_the_gpulayer_kernel(kernels: Connection) ->
     assert [(m["description"], m["value"]) for m in sliders] == [("x", 9)]
 
 
-def test_a_jupyter_server_runs_one_as_the_browser_does(
-    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A real Jupyter server (the headless control plane is one) starts the kernel for
-    ``POST api/kernels``; its kernel WebSocket carries the messages a browser sends.
-    Its gpulayer connection is the file `gpulayer up` saves."""
+@contextmanager
+def jupyter_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *server_args: str
+) -> Iterator[tuple[LocalCluster, httpx.Client]]:
+    """A real Jupyter server (the headless control plane is one) with a worker, whose
+    gpulayer connection is the file `gpulayer up` saves; an HTTP client with its
+    Jupyter token."""
     saved = tmp_path / "connection.json"
     monkeypatch.delenv("GPULAYER_URL")  # the server's gpulayer connection is the file
     monkeypatch.delenv("GPULAYER_TOKEN")
     env = {"GPULAYER_CONFIG": str(saved), "JUPYTER_PATH": os.environ["JUPYTER_PATH"],
            "JUPYTER_DATA_DIR": os.environ["JUPYTER_DATA_DIR"]}  # fmt: skip
     with LocalCluster(tmp_path / "c", workers=1, env=env, simulated_gpus="1xA100-80GB",
-                      heartbeat_seconds=0.5) as c:  # fmt: skip
+                      heartbeat_seconds=0.5, server_args=server_args) as c:  # fmt: skip
         config.save(config.ConnectionConfig(url=c.url, token=c.admin_token), saved)
         auth = {"Authorization": f"token {c.jupyter_token}"}
         with httpx.Client(base_url=c.url, headers=auth, timeout=90) as http:
-            started_ = http.post("api/kernels", json={"name": "gl1"})
-            assert started_.status_code == 201, started_.text
-            kernel_id = started_.json()["id"]
-            ws_url = "ws" + c.url.removeprefix("http") + f"api/kernels/{kernel_id}/channels"
-            with connect(ws_url, additional_headers=auth, open_timeout=30) as ws:
-                msg_id = uuid.uuid4().hex
-                ws.send(json.dumps(execute_request(msg_id, "import os\n"
-                        "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])")))  # fmt: skip
-                text = ""
-                while "gpus" not in text:
-                    msg = json.loads(ws.recv(timeout=60))
-                    if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                        text += msg["content"]["text"]
-                assert text == "gpus 0\n"
-            with c.connection() as conn:
-                jobs = conn.jobs()
-                (job,) = [j for j in jobs if j.spec.labels.get("gpulayer.dev/kernel") == kernel_id]
-                assert job.state == "running" and job.spec.session and job.spec.session.relay
-                assert http.delete(f"api/kernels/{kernel_id}").status_code == 204
-                assert conn.wait(job.id, 30).state == "succeeded"
+            yield c, http
+
+
+def kernel_job(conn: Connection, kernel_id: str) -> contracts.Job:
+    """The gpulayer job of Jupyter kernel ``kernel_id`` (its label says which)."""
+    (job,) = [j for j in conn.jobs() if j.spec.labels.get("gpulayer.dev/kernel") == kernel_id]
+    return job
+
+
+def test_a_jupyter_server_runs_one_as_the_browser_does(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POST api/kernels`` starts it; the kernel WebSocket carries what a browser sends."""
+    with jupyter_server(tmp_path, monkeypatch) as (c, http):
+        started_ = http.post("api/kernels", json={"name": "gl1"})
+        assert started_.status_code == 201, started_.text
+        kernel_id = started_.json()["id"]
+        ws_url = "ws" + c.url.removeprefix("http") + f"api/kernels/{kernel_id}/channels"
+        with connect(ws_url, additional_headers=dict(http.headers), open_timeout=30) as ws:
+            msg_id = uuid.uuid4().hex
+            ws.send(json.dumps(execute_request(msg_id, "import os\n"
+                    "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])")))  # fmt: skip
+            text = ""
+            while "gpus" not in text:
+                msg = json.loads(ws.recv(timeout=60))
+                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                    text += msg["content"]["text"]
+            assert text == "gpus 0\n"
+        with c.connection() as conn:
+            job = kernel_job(conn, kernel_id)
+            assert job.state == "running" and job.spec.session and job.spec.session.relay
+            assert http.delete(f"api/kernels/{kernel_id}").status_code == 204
+            assert conn.wait(job.id, 30).state == "succeeded"
+
+
+def test_jupyters_culler_ends_an_idle_kernel_and_frees_its_gpu(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cull = ["--MappingKernelManager.cull_idle_timeout=3", "--MappingKernelManager.cull_interval=1"]
+    with jupyter_server(tmp_path, monkeypatch, *cull) as (c, http):
+        started_ = http.post("api/kernels", json={"name": "gl1"})
+        assert started_.status_code == 201, started_.text
+        kernel_id = started_.json()["id"]
+        with c.connection() as conn:
+            job = kernel_job(conn, kernel_id)
+            ended = conn.wait(job.id, 40)  # no client, idle: Jupyter culls it, gpulayer agrees
+            assert ended.state == "succeeded", ended.reason
+            gone = lambda: http.get(f"api/kernels/{kernel_id}").status_code == 404  # noqa: E731
+            assert until(gone, 20, "Jupyter to forget the culled kernel")
+            assert until(lambda: not conn.workers()[0].running_tasks, 20, "the GPU to be free")
 
 
 def execute_request(msg_id: str, code: str) -> dict[str, Any]:
