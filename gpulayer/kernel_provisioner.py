@@ -11,9 +11,10 @@ Starting the kernel submits a *relay session* (a ``session`` job with
 ``relay: true``) and waits while it is queued, logging why (the pending reasons)
 each time that changes; after ``start_timeout`` it cancels the job and fails with
 those reasons. Once the job runs, it opens the kernel's WebSocket on the control
-plane, binds a :class:`~gpulayer.kernel_relay.ProxyEnd` on 127.0.0.1 ports with the
-key the KernelManager generated, and waits for ``ready`` (the worker's end is
-attached). The KernelManager then talks to those ports as to a local kernel.
+plane, binds a :class:`~gpulayer.kernel_relay.ProxyEnd` with the key the
+KernelManager generated (``ipc`` sockets in a 0700 folder of this user, so no
+other local user reaches them), and waits for ``ready`` (the worker's end is
+attached). The KernelManager then talks to those sockets as to a local kernel.
 
 * **Credentials** come from the process's gpulayer configuration
   (``GPULAYER_URL``/``GPULAYER_TOKEN``, else the file ``gpulayer up`` saved),
@@ -29,7 +30,10 @@ attached). The KernelManager then talks to those ports as to a local kernel.
 
 import asyncio
 import contextlib
+import os
+import shutil
 import signal
+import tempfile
 import uuid
 from typing import Any
 
@@ -106,6 +110,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
         #: Why the control plane ended the kernel (idle, cancelled): no automatic restart.
         self._ended_why: str | None = None
         self._shutdown_asked = False  # a shutdown (or restart) this server asked for
+        self._ipc_dir: str | None = None  # the 0700 folder of the local sockets
 
     # ------------------------------------------------------------ process
 
@@ -151,9 +156,13 @@ class GpulayerProvisioner(KernelProvisionerBase):
         await self._end_job()
         await self._close_relay()
         self.job_id = None
-        if not restart and self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if not restart:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._ipc_dir is not None:
+                shutil.rmtree(self._ipc_dir, ignore_errors=True)
+                self._ipc_dir = None
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
         """A start may wait for a worker this long."""
@@ -179,7 +188,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
         return await super().pre_launch(cmd=list(self.kernel_spec.argv), **kwargs)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Submit the relay session, wait for it, attach, and answer local ports.
+        """Submit the relay session, wait for it, attach, and answer local sockets.
 
         A kernel the control plane ended (idle expiry, cancelled) is not started
         again by Jupyter's automatic restart: only a restart someone asks for
@@ -208,13 +217,18 @@ class GpulayerProvisioner(KernelProvisionerBase):
             conn.close()  # a start that failed leaves nothing open
             raise
         km: Any = self.parent
-        proxy = ProxyEnd(km.session.key, ws.send, scheme=km.session.signature_scheme)
+        if self._ipc_dir is None:  # only this user may reach the sockets (ADR 0125)
+            self._ipc_dir = tempfile.mkdtemp(prefix="glk-")
+        proxy = ProxyEnd(km.session.key, ws.send, scheme=km.session.signature_scheme,
+                         transport="ipc", ip=os.path.join(self._ipc_dir, "kernel"))  # fmt: skip
         kept = {f"{n}_port": getattr(km, f"{n}_port", 0) for n in _CHANNELS}
-        ports = await proxy.bind(kept)  # a restart keeps the ports its clients know
+        if km.transport != "ipc":
+            kept = {}
+        ports = await proxy.bind(kept)  # a restart keeps the sockets its clients know
         self._ws, self._proxy = ws, proxy
         self._relay = asyncio.ensure_future(self._serve(conn, job.id, ws, proxy))
         info: dict[str, Any] = {
-            "transport": "tcp",
+            "transport": "ipc",
             "ip": proxy.ip,
             "key": km.session.key,
             "signature_scheme": km.session.signature_scheme,

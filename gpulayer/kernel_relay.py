@@ -5,7 +5,7 @@ a local stand-in. Between the two, each Jupyter message travels as one binary
 WebSocket frame through the control plane (:mod:`jupyter_ext.kernel_relays`)::
 
     KernelManager ──ZMQ──▶ ProxyEnd ══ frame ══▶ control plane ══▶ KernelEnd ──ZMQ──▶ ipykernel
-    (Jupyter server)      127.0.0.1 ports, the                      the kernel's own
+    (Jupyter server)      local sockets, the                        the kernel's own
                           connection file's key                     key and sockets
 
 **Frames are unsigned; each end signs with its own key.** :class:`ProxyEnd`
@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
@@ -205,7 +206,8 @@ class _End:
 
 
 class ProxyEnd(_End):
-    """The Jupyter server's end: ZMQ sockets on 127.0.0.1 that look like a kernel.
+    """The Jupyter server's end: ZMQ sockets that look like a kernel (``tcp`` on
+    127.0.0.1, or ``ipc`` files under the prefix ``ip``: the provisioner's choice).
 
     Parameters
     ----------
@@ -216,11 +218,18 @@ class ProxyEnd(_End):
     """
 
     def __init__(
-        self, key: bytes, send: Send, *, scheme: str = "hmac-sha256", ip: str = "127.0.0.1"
+        self,
+        key: bytes,
+        send: Send,
+        *,
+        scheme: str = "hmac-sha256",
+        transport: str = "tcp",
+        ip: str = "127.0.0.1",
     ) -> None:
         super().__init__(send)
         self._signer = Signer(key, scheme)
-        self.ip = ip
+        self.transport = transport
+        self.ip = ip  # tcp: the address; ipc: the path prefix of the socket files
         self._out: dict[str, zmq.asyncio.Socket] = {}
 
     def retarget(self, send: Send) -> None:
@@ -232,13 +241,16 @@ class ProxyEnd(_End):
         ones) and start answering; returns the ports by ``<channel>_port`` name."""
         kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
                  "iopub": zmq.PUB, "hb": zmq.REP}  # fmt: skip
-        bound = {}
+        bound: dict[str, int] = {}
         for name, kind in kinds.items():
             sock = self._socket(kind)
             if kind == zmq.ROUTER:
                 sock.router_handover = 1  # a client that reconnects keeps its identity
             want = (ports or {}).get(f"{name}_port", 0)
-            bound[f"{name}_port"] = await _bind(sock, self.ip, want)
+            if self.transport == "ipc":
+                bound[f"{name}_port"] = _bind_ipc(sock, self.ip, want, set(bound.values()))
+            else:
+                bound[f"{name}_port"] = await _bind(sock, self.ip, want)
             if name == "hb":
                 self._spawn(self._echo(sock))
             elif kind == zmq.ROUTER:
@@ -389,6 +401,17 @@ def _msg_type(header: bytes) -> str:
     with contextlib.suppress(ValueError, AttributeError):
         return str(json.loads(header).get("msg_type", ""))
     return ""
+
+
+def _bind_ipc(sock: zmq.asyncio.Socket, prefix: str, port: int, taken: set[int]) -> int:
+    """Bind ``sock`` to ``ipc://<prefix>-<port>`` (jupyter_client's naming): ``port``
+    when given (a restart keeps it), else the first number free."""
+    if not port:
+        port = 1
+        while port in taken or os.path.exists(f"{prefix}-{port}"):
+            port += 1
+    sock.bind(zmq_url("ipc", prefix, port))
+    return port
 
 
 async def _bind(sock: zmq.asyncio.Socket, ip: str, port: int) -> int:

@@ -134,6 +134,9 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
             job_id = km.provisioner.job_id
             job = kernels.job(job_id)
             assert job.state == "running" and job.spec.session.relay
+            # The Jupyter side's sockets are files in a folder only this user may enter.
+            assert km.transport == "ipc"
+            assert os.stat(os.path.dirname(km.ip)).st_mode & 0o777 == 0o700
             code = "import os, socket; e = os.environ\n" + (
                 "print(e['CUDA_VISIBLE_DEVICES'], socket.gethostname(), e['GL_MODE'])"
             )
