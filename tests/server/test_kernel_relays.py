@@ -53,7 +53,7 @@ async def running_kernel(cp: ControlPlane, owner: str = "ada", **kw) -> tuple[st
     reg = await cp.workers.register(
         WorkerRegistration(
             name="w", hostname="w", cpus=4, memory_bytes=1 << 34, slots=2, version="t"
-        )  # fmt: skip
+        )
     )
     job = await cp.jobs.submit(kernel_spec(**kw), owner)
     (a,) = (await cp.workers.acquire(reg.worker_id, 0)).assignments
