@@ -207,6 +207,11 @@ class GpulayerApp(ExtensionApp):
         help="Answers a live channel's peer has not taken yet, at most; past it the channel"
         " is closed (4408) and the peer resumes from its offsets.",
     ).tag(config=True)
+    kernel_detach_seconds = Float(
+        120.0,
+        help="A gpulayer kernel (docs/kernels.md) with no Jupyter server attached for this"
+        " long is ended and its GPUs released (a Jupyter server killed or restarted).",
+    ).tag(config=True)
     token_cache_seconds = Float(
         0.5,
         help="How long a resolved token is trusted without reading the store again."
@@ -348,6 +353,7 @@ class GpulayerApp(ExtensionApp):
             secret_key=data / KEY_FILE,
             providers=self._build_providers(data),
             endpoint=self._endpoint(serverapp),
+            kernel_detach_seconds=self.kernel_detach_seconds,
         )
         await plane.leases.recover()
         gauges = prometheus.add_state(registry, store, plane.core.fleet, plane.channels)
@@ -366,6 +372,7 @@ class GpulayerApp(ExtensionApp):
             await asyncio.sleep(self.sweep_seconds)
             try:
                 await plane.leases.sweep()
+                await plane.kernel_relays.sweep()
             except Exception:
                 self.log.exception("gpulayer lease sweep failed")
 

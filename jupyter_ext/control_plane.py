@@ -8,6 +8,7 @@ own)::
                     ▲  ▲               ▲  (Jobs, Tasks, Workers also take Secrets)
                     │  └─ Secrets      │
                     └─ SessionService ─┘   TrainingMetrics (Jobs, Tasks)
+                                           KernelRelays (Sessions, Jobs)
                                            Retention (Core: deletes, garbage collection)
                                            Instances (Workers, providers) ◀── Autoscaler
 
@@ -28,6 +29,7 @@ from .channels import Channels
 from .core import Core, Quotas, Settings
 from .instances import Endpoint, Instances
 from .jobs import Jobs
+from .kernel_relays import KernelRelays
 from .leases import Leases
 from .placer import Placer
 from .prometheus import Instruments
@@ -66,6 +68,7 @@ class ControlPlane:
         secret_key: Path | None = None,
         providers: dict[str, Provider] | None = None,
         endpoint: Endpoint | None = None,
+        kernel_detach_seconds: float = 120.0,
     ) -> None:
         settings = Settings(
             heartbeat_seconds,
@@ -105,6 +108,9 @@ class ControlPlane:
         if providers:
             self.placer.on_queued = self.autoscaler.wake
         self.channels = Channels()  # the open live channels (WebSockets), by token
+        self.kernel_relays = KernelRelays(
+            core, self.sessions, self.jobs, detach_seconds=kernel_detach_seconds
+        )
 
     async def start(self) -> None:
         """Recover after a (re)start, then place what waits."""

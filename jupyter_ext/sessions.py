@@ -45,6 +45,8 @@ class Sessions:
         self._cells_run: dict[str, int] = {}  # session job id -> cells that ended
         # Sessions asked to end whose worker has not confirmed yet: their name is free.
         self.ending: set[str] = set()
+        # Kernels (relay sessions) running code now: never idle (jupyter_ext/kernel_relays.py).
+        self._busy: set[Key] = set()
 
     def _spec(self, row: JobRecord) -> JobSpec:
         return self._core.spec(row)
@@ -96,6 +98,14 @@ class Sessions:
                 if (owner, name) in active or name in new:
                     raise Conflict(f"a session named {name!r} is already running", field="name")
                 new.add(name)
+            elif spec.in_session and (row := active.get((owner, spec.in_session))) is not None:
+                relayed = self._spec(row).session
+                if relayed is not None and relayed.relay:
+                    raise Conflict(
+                        f"session {spec.in_session!r} is a gpulayer kernel (its Jupyter channels"
+                        " are relayed to one client): it runs no cells; open it in Jupyter",
+                        field="cell.session",
+                    )
             elif spec.in_session and (owner, spec.in_session) not in active:
                 if spec.in_session in new:
                     continue
@@ -115,6 +125,18 @@ class Sessions:
             key = (owner, spec.in_session)
             self.open_cells[job_id] = key
             self._activity[key] = now
+
+    def touch(self, key: Key) -> None:
+        """Session ``key`` was used just now (a kernel's client sent a message)."""
+        self._activity[key] = self._core.clock()
+
+    def kernel_state(self, key: Key, *, busy: bool) -> None:
+        """A kernel started (``busy``) or stopped running code; either is activity."""
+        self.touch(key)
+        if busy:
+            self._busy.add(key)
+        else:
+            self._busy.discard(key)
 
     def idle_timeout(self, spec: JobSpec) -> float:
         """A session's idle timeout (its own or the configured default)."""
@@ -213,15 +235,17 @@ class Sessions:
 
     async def idle(self, now: float) -> list[tuple[str, str]]:
         """``(job id, reason)`` of running sessions idle past their timeout."""
-        busy = set(self.open_cells.values())
+        busy = set(self.open_cells.values()) | self._busy
         out = []
         for key, row in (await self.active(running_only=True)).items():
             if row.state != JobState.running or key in busy:
                 continue
-            timeout = self.idle_timeout(self._spec(row))
+            spec = self._spec(row)
+            timeout = self.idle_timeout(spec)
             since = max(self._activity.get(key, now), row.started_at or now)
             if now - since > timeout:
-                out.append((row.id, f"ended after {_human(timeout)} without a cell"))
+                unused = "without use" if spec.session and spec.session.relay else "without a cell"
+                out.append((row.id, f"ended after {_human(timeout)} {unused}"))
         return out
 
     # ------------------------------------------------------------- models

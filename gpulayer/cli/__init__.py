@@ -12,6 +12,8 @@
     gpulayer workers [forget NAME]
     gpulayer providers | instances | instance terminate ID   capacity on demand (up --providers)
     gpulayer sessions | session end NAME   persistent remote kernels (%%gpulayer --session)
+    gpulayer kernel install --name N --gpus G | kernel list | kernel remove N
+                                      Jupyter kernels that run on a worker (the launcher)
     gpulayer token create NAME --role ROLE [--expires 30d] | token list | token revoke NAME
     gpulayer demo                     a tour on a throw-away local cluster
     gpulayer completion bash|zsh      the shell code of tab completion
@@ -25,7 +27,8 @@ bad usage, 1 otherwise, 130 on Ctrl-C (``parser.EXIT_CODES``; docs/cli.md).
 * :mod:`~gpulayer.cli.options`: the parser class, connection options, the connection
 * :mod:`~gpulayer.cli.output`: the one table printer, ``-o json``, times, sizes, notes, errors
 * :mod:`~gpulayer.cli.jobs`, :mod:`~gpulayer.cli.logs`, :mod:`~gpulayer.cli.workers`,
-  :mod:`~gpulayer.cli.sessions`, :mod:`~gpulayer.cli.tokens`, :mod:`~gpulayer.cli.up`,
+  :mod:`~gpulayer.cli.sessions`, :mod:`~gpulayer.cli.kernels`, :mod:`~gpulayer.cli.tokens`,
+  :mod:`~gpulayer.cli.up`,
   :mod:`~gpulayer.cli.status`, :mod:`~gpulayer.cli.providers`: one module per command group
 * :mod:`~gpulayer.cli.pidfile`: which ``gpulayer up`` runs for a data dir
 * :mod:`~gpulayer.cli.cluster`: :class:`LocalCluster`, what ``up`` and ``demo`` run

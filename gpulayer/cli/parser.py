@@ -11,6 +11,7 @@ from pydantic import ValidationError as PydanticValidationError
 from gpulayer import __version__, errors
 from gpulayer.cli import (
     jobs,
+    kernels,
     logs,
     output,
     providers,
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gpulayer", parents=[conn], description=_DESCRIPTION, epilog=_EPILOG)
     parser.add_argument("--version", action="version", version=f"gpulayer {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for group in (up, status, jobs, logs, workers, sessions, tokens, secrets, providers):
+    for group in (up, status, jobs, logs, workers, sessions, kernels, tokens, secrets, providers):
         group.add_parsers(sub, conn)
     completion = sub.add_parser(
         "completion",

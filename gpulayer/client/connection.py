@@ -40,6 +40,7 @@ import hashlib
 import logging
 import os
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -185,6 +186,14 @@ class Connection:
         """Whether calls travel over an open live channel now (else HTTP)."""
         ch = self._channel
         return ch is not None and not ch.closed
+
+    def websocket_target(self, path: str) -> tuple[str, dict[str, str], ssl.SSLContext | None]:
+        """How to open the WebSocket route ``path`` (relative to the API): its
+        ``ws(s)://`` URL, the ``Authorization`` header, and the pinned TLS context
+        (None: the default checks, or no TLS)."""
+        url = "ws" + self._api.removeprefix("http") + path
+        context = self._verify if isinstance(self._verify, ssl.SSLContext) else None
+        return url, {"Authorization": f"Bearer {self._token}"}, context
 
     # ----------------------------------------------------------- plumbing
 

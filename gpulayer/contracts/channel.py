@@ -26,6 +26,22 @@ CLIENT_CHANNEL_PATH = "channel"
 #: A worker's channel, relative to the API prefix (its own worker token).
 WORKER_CHANNEL_PATH = "workers/{worker_id}/channel"
 
+#: A gpulayer kernel's relay (docs/kernels.md, docs/adr/0125): the Jupyter server's
+#: end, relative to the API prefix (a bearer token of the kernel job's owner) ...
+KERNEL_CHANNEL_PATH = "kernels/{job_id}/channel"
+#: ... and the worker's end (its own worker token; the kernel's task runs there).
+WORKER_KERNEL_CHANNEL_PATH = "workers/{worker_id}/kernels/{job_id}/channel"
+#: The text frame the control plane sends a kernel's client once the worker's end is
+#: attached: from now on frames reach the kernel.
+KERNEL_READY = "ready"
+
+#: Close code of a kernel relay: the kernel's job ended (shut down, cancelled, idle).
+CLOSE_KERNEL_ENDED = 4200
+#: Close code of a kernel relay: the kernel died (or its worker was lost).
+CLOSE_KERNEL_DIED = 4500
+#: Close code of a kernel relay: another client attached to the kernel.
+CLOSE_REPLACED = 4409
+
 #: Close code: the channel's token was revoked or expired (the HTTP routes answer 401).
 CLOSE_UNAUTHORIZED = 4401
 #: Close code: the peer fell behind (too much unsent); it reconnects and resumes from

@@ -124,6 +124,11 @@ class SessionSpec(RequestModel):
         default=None,
         description="seconds or '30m'; default: the control plane's session_idle_seconds",
     )
+    relay: bool = Field(
+        default=False,
+        description="its Jupyter channels are relayed to one attached client; no cells"
+        " (a gpulayer kernel started from a kernelspec: docs/kernels.md)",
+    )
 
 
 Launcher = Literal["torchrun", "direct"]

@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pydantic
+from websockets.asyncio.client import ClientConnection
 
 import gpulayer
 from gpulayer import contracts as c
@@ -44,7 +45,12 @@ from gpulayer import tls
 from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir, tighten
 from gpulayer.worker import devices, network, spawning, task_user
-from gpulayer.worker.channel import ChannelRefused, ChannelUnavailable, WorkerChannel
+from gpulayer.worker.channel import (
+    ChannelRefused,
+    ChannelUnavailable,
+    WorkerChannel,
+    open_kernel_relay,
+)
 from gpulayer.worker.credential import CredentialFile
 from gpulayer.worker.environments import DEFAULT_MAX_BYTES, EnvCache, default_root
 from gpulayer.worker.functions import RunnerPool
@@ -155,6 +161,7 @@ class Agent:
             network=lambda: self.network,
             envs=self.envs,
             report_env=self._report_env,
+            open_relay=self._open_relay,
         )
         self._pipeline = Pipeline(
             self._uplink,
@@ -176,6 +183,14 @@ class Agent:
             self._uplink.channel = self._channel
         self._channel_at = 0.0  # when to try the channel again (loop time)
         self._channel_failures = 0
+
+    async def _open_relay(self, job_id: str) -> ClientConnection:
+        """The worker's end of kernel ``job_id``'s relay (docs/kernels.md)."""
+        uplink, config = self._uplink, self.config
+        verify = tls.verify_for(config.url, config.fingerprint)
+        return await open_kernel_relay(
+            config.url, verify, uplink.worker_id, uplink.worker_token, job_id
+        )
 
     # ------------------------------------------------------------ life cycle
 

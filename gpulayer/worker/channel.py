@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from gpulayer import contracts as c
 from gpulayer.contracts.channel import Method
+from gpulayer.kernel_relay import nodelay
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,42 @@ def ws_url(url: str, worker_id: str) -> str:
     """The worker channel's ``ws(s)://`` URL from the control plane's root URL."""
     root = "ws" + url.removeprefix("http").rstrip("/") + c.API_PREFIX + "/"
     return root + c.WORKER_CHANNEL_PATH.format(worker_id=worker_id)
+
+
+async def open_kernel_relay(
+    url: str, tls: ssl.SSLContext | bool, worker_id: str, token: str, job_id: str
+) -> ClientConnection:
+    """The worker's end of a gpulayer kernel's relay (docs/kernels.md): a WebSocket
+    of its own per kernel, binary frames both ways.
+
+    Raises
+    ------
+    ChannelRefused
+        When the control plane answers without upgrading (404: the kernel's task is
+        not running here any more).
+    ChannelUnavailable
+        When it cannot be opened at all.
+    """
+    root = "ws" + url.removeprefix("http").rstrip("/") + c.API_PREFIX + "/"
+    target = root + c.WORKER_KERNEL_CHANNEL_PATH.format(worker_id=worker_id, job_id=job_id)
+    context = tls if isinstance(tls, ssl.SSLContext) else None
+    try:
+        ws = await connect(
+            target,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            ssl=context if target.startswith("wss://") else None,
+            open_timeout=OPEN_TIMEOUT_SECONDS,
+            max_size=MAX_FRAME_BYTES,
+            ping_interval=PING_SECONDS,
+            ping_timeout=PING_SECONDS,
+            compression=None,
+        )
+    except InvalidStatus as e:
+        raise ChannelRefused(e.response.status_code) from e
+    except (OSError, InvalidHandshake, TimeoutError) as e:
+        raise ChannelUnavailable(f"{type(e).__name__}: {e}") from e
+    nodelay(ws)
+    return ws
 
 
 class WorkerChannel:

@@ -122,6 +122,17 @@ class Kernel:
             await self.shutdown()
             raise KernelDied(f"the kernel did not start: {e}") from e
 
+    def connection_info(self) -> dict[str, Any]:
+        """Where the kernel's sockets are, and its key (for a relay's kernel end)."""
+        return dict(self._km.get_connection_info())
+
+    @property
+    def exit_code(self) -> int | None:
+        """The kernel process's exit code once it ended."""
+        proc = getattr(getattr(self._km, "provisioner", None), "process", None)
+        code = getattr(proc, "returncode", None)
+        return code if isinstance(code, int) else None
+
     async def alive(self) -> bool:
         """Whether the kernel process still runs."""
         return self._km is not None and bool(await self._km.is_alive())

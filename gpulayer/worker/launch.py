@@ -9,6 +9,8 @@ function                 :class:`FunctionRun` (warm runner)  folder, bundle, pay
 function with a gang     :class:`GangCallRun`               folder, bundle, payload,
                                                             metrics
 session                  :class:`SessionRun`                folder
+relay session (kernel)   :class:`RelayedKernelRun`          folder, bundle (the
+                                                            notebook's folder)
 cell                     :class:`CellTaskRun`               folder (none for a plain
                                                             cell of a session), push
 =======================  =================================  ==========================
@@ -23,11 +25,13 @@ reported to the control plane), applied to the run: commands and ranks find its
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulayer import contracts as c
+from gpulayer.errors import GpulayerError
 from gpulayer.worker.environments import EnvBuildFailed, EnvCache, Prepared
 from gpulayer.worker.functions import FunctionRun, RunnerPool
 from gpulayer.worker.gang_call import GangCallRun
@@ -36,6 +40,7 @@ from gpulayer.worker.kernels import KernelHost, session_key
 from gpulayer.worker.network import Network
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
+from gpulayer.worker.relayed_kernels import RelayedKernelRun, RelayOpener
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
 from gpulayer.worker.workspace import ControlPlaneAddress, TaskDir, task_env, task_vars
@@ -68,7 +73,9 @@ class Launcher:
         network: Callable[[], Network] | None = None,
         envs: EnvCache | None = None,
         report_env: EnvReport | None = None,
+        open_relay: RelayOpener | None = None,
     ) -> None:
+        self._open_relay = open_relay
         self._envs = envs
         self._report_env = report_env
         self._name = worker_name
@@ -219,9 +226,26 @@ class Launcher:
                 self._kernels, a, env={}, cwd=Path(), scratch=Path(), on_line=task.logs.add
             )
         folder = await task.make_dir(self._tasks_root)
+        if a.spec.bundle is not None:  # a kernel's notebook folder (--sync-workdir)
+            bundle: bytes | Path = (
+                await self._blob_file(a.spec.bundle)
+                if self._blob_file is not None
+                else await self._blob(a.spec.bundle)
+            )
+            await asyncio.to_thread(folder.unpack, bundle)
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        relay = a.spec.session is not None and a.spec.session.relay
+        site = folder.root / "site-packages"
+        if relay:
+            site.mkdir(exist_ok=True)  # before the hand-over: the task user's
         await task.file_work(folder.hand_over)
         env = _activate(env, await self._python_env(task))
+        if relay:
+            env = _own_packages(env, site)
+            if self._open_relay is None:
+                raise GpulayerError("this worker cannot relay kernels (no control plane address)")
+            return RelayedKernelRun(self._kernels, a, env=env, cwd=folder.work,
+                                    on_line=task.logs.add, open_relay=self._open_relay)  # fmt: skip
         if a.spec.session is not None:
             return SessionRun(self._kernels, a, env=env, cwd=folder.work, on_line=task.logs.add)
         assert cell is not None
@@ -235,6 +259,14 @@ class Launcher:
             on_line=task.logs.add,
             push=push,
         )
+
+
+def _own_packages(env: dict[str, str], site: Path) -> dict[str, str]:
+    """A kernel's own package folder: ``%pip install`` (and any pip the kernel runs)
+    installs there (``PIP_TARGET``), on its ``PYTHONPATH``, so it imports at once
+    and neither the worker's Python nor a cached env is changed (docs/kernels.md)."""
+    path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PIP_TARGET": str(site), "PYTHONPATH": path}
 
 
 def _activate(env: dict[str, str], python_env: Prepared | None) -> dict[str, str]:

@@ -9,6 +9,7 @@ from . import (
     channel,
     health,
     jobs,
+    kernel_channel,
     prometheus,
     providers,
     secrets,
@@ -35,6 +36,8 @@ ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = (
     + providers.ROUTES
 )
 #: The live channel's WebSocket routes under the API prefix (docs/channel.md).
-CHANNEL_ROUTES: list[tuple[str, type[channel.ChannelHandler]]] = channel.ROUTES
+CHANNEL_ROUTES: list[tuple[str, type[channel.ChannelHandler]]] = (
+    channel.ROUTES + kernel_channel.ROUTES
+)
 #: Routes beside the API (relative to ``<base_url>gpulayer/``).
 OUTER_ROUTES: list[tuple[str, type[GpulayerAPIHandler]]] = prometheus.ROUTES

@@ -331,6 +331,8 @@ export interface ISessionSpec {
   name: string;
   /** seconds or '30m'; default: the control plane's session_idle_seconds */
   idle_timeout: number | null;
+  /** its Jupyter channels are relayed to one attached client; no cells (a gpulayer kernel started from a kernelspec: docs/kernels.md) */
+  relay: boolean;
 }
 
 /** A stored point; ``seq`` numbers a job's points from 1, in arrival order. */
