@@ -19,7 +19,7 @@ attached). The KernelManager then talks to those ports as to a local kernel.
   provisioner runs in a server with the gpulayer extension (its URL and Jupyter
   token), else from the process's gpulayer configuration
   (``GPULAYER_URL``/``GPULAYER_TOKEN``, else the file ``gpulayer up`` saved);
-  never from ``kernel.json``.
+  never from ``kernel.json`` (docs/adr/0138).
 * **Interrupt**: the kernelspec says ``interrupt_mode: message`` (ipykernel
   answers ``interrupt_request`` on the control channel), so no signal is sent.
 * **Liveness**: :meth:`poll` is None while the relay is open; the control plane
