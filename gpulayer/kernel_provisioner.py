@@ -52,6 +52,8 @@ from gpulayer.kernel_relay import ProxyEnd, nodelay
 _POLL_SECONDS = 0.5
 #: How long a dropped relay is opened again before the kernel counts as dead.
 _REATTACH_SECONDS = 60.0
+#: How much longer than ``start_timeout`` the job itself may stay queued.
+_QUEUE_MARGIN_SECONDS = 30.0
 _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 #: The largest frame taken from the control plane.
 _MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -59,6 +61,14 @@ _MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 class KernelStartFailed(RuntimeError):
     """The gpulayer kernel could not start (the message says why)."""
+
+
+class RelayRefused(KernelStartFailed):
+    """The control plane answered the relay's handshake without upgrading it."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class GpulayerProvisioner(KernelProvisionerBase):
@@ -226,6 +236,8 @@ class GpulayerProvisioner(KernelProvisionerBase):
             "env": env,
             "secrets": list(self.secrets),
             "labels": {"gpulayer.dev/kernel": self.kernel_id or ""},
+            # Should this server die while the kernel waits, the plane gives up too.
+            "queue_timeout": self.start_timeout + _QUEUE_MARGIN_SECONDS,
         }
         if self.pip:
             spec["environment"] = {"pip": list(self.pip)}
@@ -307,8 +319,10 @@ class GpulayerProvisioner(KernelProvisionerBase):
         while loop.time() < deadline:
             try:
                 return await _open(conn, job_id)
-            except KernelStartFailed:
-                return None  # the job ended
+            except RelayRefused as e:
+                if e.status < 500 and e.status != 429:
+                    return None  # the job ended (404), or the token is no longer good
+                await asyncio.sleep(1.0)  # the control plane is starting
             except (OSError, InvalidHandshake, TimeoutError):
                 await asyncio.sleep(1.0)
         return None
@@ -385,10 +399,10 @@ async def _open(conn: Connection, job_id: str) -> ClientConnection:
 
     Raises
     ------
-    KernelStartFailed
+    RelayRefused
         When the control plane refuses it (the job ended, or is not a kernel of
-        this token's owner), or answers without upgrading (no WebSocket: kernels
-        need it).
+        this token's owner; 503 while it starts), or a proxy answers without
+        upgrading (no WebSocket: kernels need it).
     """
     path = contracts.KERNEL_CHANNEL_PATH.format(job_id=job_id)
     url, headers, context = conn.websocket_target(path)
@@ -402,9 +416,11 @@ async def _open(conn: Connection, job_id: str) -> ClientConnection:
             open_timeout=20,
         )
     except InvalidStatus as e:
-        raise KernelStartFailed(
-            f"the control plane refused the kernel's relay for job {job_id}"
-            f" (HTTP {e.response.status_code}); gpulayer kernels need a WebSocket to it"
+        status = e.response.status_code
+        raise RelayRefused(
+            f"the control plane refused the kernel's relay for job {job_id} (HTTP {status});"
+            " gpulayer kernels need a WebSocket to it",
+            status,
         ) from e
     nodelay(ws)
     return ws

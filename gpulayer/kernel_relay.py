@@ -177,6 +177,15 @@ class _End:
         self._sockets.append(sock)
         return sock
 
+    async def _forward(self, frame: Frame) -> None:
+        """Send a frame to the other end; one that cannot go (the socket is down, a
+        reconnect is under way) is dropped, as ZMQ drops what no peer takes."""
+        try:
+            await self._send(pack(frame))
+        except Exception as e:  # the transport's own error: closed, reset
+            self.dropped += 1
+            log.debug("dropped a %s frame: %s", frame.channel, e)
+
     def _spawn(self, work: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
         self._tasks.add(task)
@@ -250,7 +259,7 @@ class ProxyEnd(_End):
                 self.dropped += 1
                 log.warning("dropped a %s message with a bad signature or shape", channel)
                 continue
-            await self._send(pack(Frame(channel, got[0], got[2])))
+            await self._forward(Frame(channel, got[0], got[2]))
 
     async def feed(self, data: bytes) -> None:
         """A frame from the kernel: signed with the connection's key, sent to the
@@ -314,7 +323,7 @@ class KernelEnd(_End):
             topic, _, parts = got
             if topic and topic[-1].endswith(b".status"):
                 self._note_state(parts[3])
-            await self._send(pack(Frame("iopub", topic, parts)))
+            await self._forward(Frame("iopub", topic, parts))
 
     def _note_state(self, content: bytes) -> None:
         if self._on_state is None:
@@ -346,11 +355,15 @@ class KernelEnd(_End):
 
     async def _replies(self, channel: str, identity: bytes, sock: zmq.asyncio.Socket) -> None:
         while True:
-            got = split(await sock.recv_multipart())
+            try:
+                msg = await sock.recv_multipart()
+            except zmq.ZMQError:  # closed: the oldest client's, past MAX_CLIENTS
+                return
+            got = split(msg)
             if got is None or not self._signer.valid(got[1], got[2]):
                 self.dropped += 1
                 continue
-            await self._send(pack(Frame(channel, [identity, *got[0]], got[2])))
+            await self._forward(Frame(channel, [identity, *got[0]], got[2]))
 
     async def feed(self, data: bytes) -> None:
         """A frame from the Jupyter server: signed with the kernel's key and sent to

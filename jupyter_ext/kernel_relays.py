@@ -33,7 +33,7 @@ from gpulayer.contracts import (
     JobKind,
     JobState,
 )
-from gpulayer.errors import InvalidTransition, NotFound
+from gpulayer.errors import Forbidden, InvalidTransition, NotFound
 
 from . import access
 from .auth import Principal
@@ -131,6 +131,8 @@ class KernelRelays:
         NotFound
             No such kernel task running on that worker.
         """
+        if who.role != "worker":  # not even an admin: it would take the kernel's place
+            raise Forbidden("only the worker running a kernel opens its end of the relay")
         access.own_worker(who, worker_id)
         row = await self._core.store.get_job(job_id)
         task = None if row is None else await self._core.current_task(job_id)
@@ -162,7 +164,10 @@ class KernelRelays:
     def attach_client(self, job_id: str, peer: Peer) -> None:
         """A client attached (admitted just before): it replaces any other, and
         hears ``ready`` once the worker's end is there."""
-        relay = self._relays[job_id]
+        relay = self._relays.get(job_id)
+        if relay is None:  # forgotten since: it ended
+            peer.close_relay(CLOSE_KERNEL_ENDED, "the kernel has ended")
+            return
         old, relay.client, relay.detached_since = relay.client, peer, None
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "another client attached to this kernel")
@@ -172,7 +177,10 @@ class KernelRelays:
 
     def attach_worker(self, job_id: str, peer: Peer) -> None:
         """The worker's end attached (again): the client may talk to the kernel."""
-        relay = self._relays[job_id]
+        relay = self._relays.get(job_id)
+        if relay is None:
+            peer.close_relay(CLOSE_KERNEL_ENDED, "the kernel has ended")
+            return
         old, relay.worker = relay.worker, peer
         if old is not None and old is not peer:
             old.close_relay(CLOSE_REPLACED, "the worker attached again")
@@ -235,7 +243,9 @@ class KernelRelays:
         returns their job ids."""
         now = self._core.clock()
         ended = []
-        for row in (await self._sessions.active(running_only=True)).values():
+        active = await self._sessions.active()
+        self._forget_ended({r.id for r in active.values()})
+        for row in active.values():
             if row.state != JobState.running or not self._is_relay(row):
                 continue
             if row.id in self._sessions.ending:
@@ -256,6 +266,13 @@ class KernelRelays:
                 continue
             ended.append(row.id)
         return ended
+
+    def _forget_ended(self, active: set[str]) -> None:
+        """Drop what is kept of kernels whose job ended and whose sockets closed."""
+        for job_id, relay in list(self._relays.items()):
+            if job_id not in active and relay.client is None and relay.worker is None:
+                self._sessions.kernel_state(relay.key, busy=False)
+                del self._relays[job_id]
 
     def count(self) -> int:
         """Relays with a client attached."""

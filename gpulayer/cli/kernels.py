@@ -144,21 +144,18 @@ def kernelspec(
         A setting the control plane would refuse, named.
     """
     settings: dict[str, Any] = {"gpus": gpus}
+    idle = _duration("--idle-timeout", idle_timeout) if idle_timeout is not None else None
+    start = _duration("--start-timeout", start_timeout)
+    if idle is not None:
+        settings["idle_timeout"] = str(idle)
     try:
         resources = contracts.Resources(gpus=gpus, gpu_model=gpu_model)
         if pip:
             contracts.EnvSpec(pip=pip)
-        if idle_timeout is not None:
-            settings["idle_timeout"] = str(contracts.parse_duration(idle_timeout))
-        start = contracts.parse_duration(start_timeout)
         contracts.JobSpec.model_validate({"kind": "session", "session": {"name": "x"},
                                           "env": env or {}, "secrets": secrets or []})  # fmt: skip
     except PydanticValidationError as e:
         raise errors.ValidationError(_first(e)) from None
-    except ValueError as e:
-        raise errors.ValidationError(str(e)) from None
-    if start is None or start <= 0:
-        raise errors.ValidationError("--start-timeout must be a positive duration")
     settings["start_timeout"] = float(start)
     if resources.gpu_model is not None:
         settings["gpu_model"] = gpu_model
@@ -178,6 +175,17 @@ def kernelspec(
             "kernel_provisioner": {"provisioner_name": PROVISIONER, "config": settings},
         },
     }
+
+
+def _duration(option: str, text: str) -> float:
+    """A positive duration ('30m', '90'), or an error naming ``option``."""
+    try:
+        seconds = contracts.parse_duration(text)
+    except ValueError as e:
+        raise errors.ValidationError(f"{option} {text!r}: {e}") from None
+    if seconds is None or seconds <= 0:
+        raise errors.ValidationError(f"{option} {text!r}: give a positive duration, '30m'")
+    return float(seconds)
 
 
 def _first(e: PydanticValidationError) -> str:

@@ -25,6 +25,7 @@ reported to the control plane), applied to the run: commands and ranks find its
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,9 +232,14 @@ class Launcher:
             )
             await asyncio.to_thread(folder.unpack, bundle)
         env = folder.user_env(task_env(a, folder.artifacts, control_plane=self._control_plane))
+        relay = a.spec.session is not None and a.spec.session.relay
+        site = folder.root / "site-packages"
+        if relay:
+            site.mkdir(exist_ok=True)  # before the hand-over: the task user's
         await task.file_work(folder.hand_over)
         env = _activate(env, await self._python_env(task))
-        if a.spec.session is not None and a.spec.session.relay:
+        if relay:
+            env = _own_packages(env, site)
             if self._open_relay is None:
                 raise GpulayerError("this worker cannot relay kernels (no control plane address)")
             return RelayedKernelRun(self._kernels, a, env=env, cwd=folder.work,
@@ -251,6 +257,14 @@ class Launcher:
             on_line=task.logs.add,
             push=push,
         )
+
+
+def _own_packages(env: dict[str, str], site: Path) -> dict[str, str]:
+    """A kernel's own package folder: ``%pip install`` (and any pip the kernel runs)
+    installs there (``PIP_TARGET``), on its ``PYTHONPATH``, so it imports at once
+    and neither the worker's Python nor a cached env is changed (docs/kernels.md)."""
+    path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PIP_TARGET": str(site), "PYTHONPATH": path}
 
 
 def _activate(env: dict[str, str], python_env: Prepared | None) -> dict[str, str]:

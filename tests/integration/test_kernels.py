@@ -6,21 +6,30 @@ holds the reserved GPUs. The Jupyter client only ever talks to 127.0.0.1 ports.
 """
 
 import asyncio
+import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import uuid
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+import nbformat
 import pytest
 from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from gpulayer import contracts, errors
 from gpulayer.cli import main
-from gpulayer.client import Connection
+from gpulayer.client import Connection, config
 from gpulayer.cluster import LocalCluster
 
 from ..support import until, until_async
@@ -61,12 +70,14 @@ def kernels(
     monkeypatch.setenv("GPULAYER_URL", kcluster.url)
     monkeypatch.setenv("GPULAYER_TOKEN", kcluster.admin_token)
     monkeypatch.setenv("GPULAYER_CONFIG", str(tmp_path / "absent.json"))
-    assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user"]) == 0
+    assert main(["kernel", "install", "--name", "gl1", "--gpus", "1", "--user",
+                 "--env", "GL_MODE=fast"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "gl8", "--gpus", "8",
                  "--start-timeout", "3s"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "idle", "--gpus", "0",
                  "--idle-timeout", f"{IDLE:g}s"]) == 0  # fmt: skip
     assert main(["kernel", "install", "--name", "synced", "--gpus", "0", "--sync-workdir"]) == 0
+    assert main(["kernel", "install", "--name", "cpu", "--gpus", "0"]) == 0
     with kcluster.connection() as conn:
         yield conn
 
@@ -102,10 +113,15 @@ async def run(
         seen.append(msg)
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
+    return await reply_to(kc, msg_id), seen
+
+
+async def reply_to(kc: Any, msg_id: str) -> dict[str, Any]:
+    """The shell reply to ``msg_id`` (a late reply to an earlier request is skipped)."""
     while True:
-        reply = await kc.get_shell_msg(timeout=30)
+        reply: dict[str, Any] = await kc.get_shell_msg(timeout=30)
         if reply["parent_header"].get("msg_id") == msg_id:
-            return reply, seen
+            return reply
 
 
 def stdout(seen: list[dict[str, Any]]) -> str:
@@ -118,13 +134,13 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
             job_id = km.provisioner.job_id
             job = kernels.job(job_id)
             assert job.state == "running" and job.spec.session.relay
-            code = (
-                "import os, socket; print(os.environ['CUDA_VISIBLE_DEVICES'], socket.gethostname())"
+            code = "import os, socket; e = os.environ\n" + (
+                "print(e['CUDA_VISIBLE_DEVICES'], socket.gethostname(), e['GL_MODE'])"
             )
             reply, seen = await run(kc, code)
             assert reply["content"]["status"] == "ok"
-            gpus, host = stdout(seen).split()
-            assert len(gpus.split(",")) == 1 and host == socket.gethostname()
+            gpus, host, mode = stdout(seen).split()
+            assert len(gpus.split(",")) == 1 and host == socket.gethostname() and mode == "fast"
 
             _, seen = await run(kc, "from IPython.display import HTML; HTML('<b>remote</b>')")
             results = [m for m in seen if m["msg_type"] == "execute_result"]
@@ -133,12 +149,9 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
             reply, seen = await run(kc, "name = input('who? '); print('hello', name)", stdin="ada")
             assert "hello ada" in stdout(seen)
 
-            msg_id = kc.complete("import o", 8)
-            reply = await kc.get_shell_msg(timeout=30)
-            assert reply["parent_header"]["msg_id"] == msg_id
+            reply = await reply_to(kc, kc.complete("import o", 8))
             assert "os" in reply["content"]["matches"]
-            kc.inspect("name", 4)
-            reply = await kc.get_shell_msg(timeout=30)
+            reply = await reply_to(kc, kc.inspect("name", 4))
             assert reply["content"]["found"]
 
             # A widget made remotely; the client moves it; the kernel sees the value.
@@ -157,6 +170,76 @@ def test_a_notebook_runs_on_the_worker_with_its_gpu(kernels: Connection) -> None
     asyncio.run(main_())
 
 
+def test_nbclient_runs_a_notebook_on_the_gpulayer_kernel(kernels: Connection) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+        "from IPython.display import HTML, display\n"
+        "display(HTML('<i>from the worker</i>'))",
+        "import ipywidgets as w; s = w.IntSlider(5, description='x'); s",
+        "s.value = 9; s.value",
+    )]  # fmt: skip
+    client = NotebookClient(nb, kernel_name="gl1", timeout=60, store_widget_state=True)
+    client.execute()
+    gpus, html, widget, value = (cell.outputs for cell in nb.cells)
+    assert gpus[0]["text"].strip() in ("0", "1")
+    assert html[0]["data"]["text/html"] == "<i>from the worker</i>"
+    assert "application/vnd.jupyter.widget-view+json" in widget[0]["data"]
+    assert value[0]["data"]["text/plain"] == "9"
+    # The widget's comm messages reached nbclient: its state is kept with the notebook.
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    sliders = [m["state"] for m in state.values() if m["model_name"] == "IntSliderModel"]
+    assert [(m["description"], m["value"]) for m in sliders] == [("x", 9)]
+
+
+def test_a_jupyter_server_runs_one_as_the_browser_does(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Jupyter server (the headless control plane is one) starts the kernel for
+    ``POST api/kernels``; its kernel WebSocket carries the messages a browser sends.
+    Its gpulayer connection is the file `gpulayer up` saves."""
+    saved = tmp_path / "connection.json"
+    monkeypatch.delenv("GPULAYER_URL")  # the server's gpulayer connection is the file
+    monkeypatch.delenv("GPULAYER_TOKEN")
+    env = {"GPULAYER_CONFIG": str(saved), "JUPYTER_PATH": os.environ["JUPYTER_PATH"],
+           "JUPYTER_DATA_DIR": os.environ["JUPYTER_DATA_DIR"]}  # fmt: skip
+    with LocalCluster(tmp_path / "c", workers=1, env=env, simulated_gpus="1xA100-80GB",
+                      heartbeat_seconds=0.5) as c:  # fmt: skip
+        config.save(config.ConnectionConfig(url=c.url, token=c.admin_token), saved)
+        auth = {"Authorization": f"token {c.jupyter_token}"}
+        with httpx.Client(base_url=c.url, headers=auth, timeout=90) as http:
+            started_ = http.post("api/kernels", json={"name": "gl1"})
+            assert started_.status_code == 201, started_.text
+            kernel_id = started_.json()["id"]
+            ws_url = "ws" + c.url.removeprefix("http") + f"api/kernels/{kernel_id}/channels"
+            with connect(ws_url, additional_headers=auth, open_timeout=30) as ws:
+                msg_id = uuid.uuid4().hex
+                ws.send(json.dumps(execute_request(msg_id, "import os\n"
+                        "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])")))  # fmt: skip
+                text = ""
+                while "gpus" not in text:
+                    msg = json.loads(ws.recv(timeout=60))
+                    if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                        text += msg["content"]["text"]
+                assert text == "gpus 0\n"
+            with c.connection() as conn:
+                jobs = conn.jobs()
+                (job,) = [j for j in jobs if j.spec.labels.get("gpulayer.dev/kernel") == kernel_id]
+                assert job.state == "running" and job.spec.session and job.spec.session.relay
+                assert http.delete(f"api/kernels/{kernel_id}").status_code == 204
+                assert conn.wait(job.id, 30).state == "succeeded"
+
+
+def execute_request(msg_id: str, code: str) -> dict[str, Any]:
+    """An ``execute_request`` as JupyterLab sends it over the kernel WebSocket."""
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "session": uuid.uuid4().hex,
+              "username": "", "version": "5.3", "date": "2026-01-01T00:00:00Z"}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+               "allow_stdin": False, "stop_on_error": True}  # fmt: skip
+    return {"header": header, "parent_header": {}, "metadata": {}, "content": content,
+            "channel": "shell", "buffers": []}  # fmt: skip
+
+
 def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connection) -> None:
     async def main_() -> None:
         async with started() as (km, kc):
@@ -171,8 +254,7 @@ def test_interrupt_restart_and_death_look_as_for_a_local_kernel(kernels: Connect
             msg_id = kc.execute("while True: pass")
             await busy(kc, msg_id)
             await km.interrupt_kernel()  # interrupt_mode message: a control request
-            reply = await kc.get_shell_msg(timeout=30)
-            assert reply["parent_header"]["msg_id"] == msg_id
+            reply = await reply_to(kc, msg_id)
             assert reply["content"]["ename"] == "KeyboardInterrupt"
 
             await km.restart_kernel()  # a new kernel in a new job, on the same ports
@@ -292,6 +374,92 @@ def test_sync_workdir_ships_the_notebooks_folder(kernels: Connection, tmp_path: 
     asyncio.run(main_())
 
 
+def test_pip_install_in_the_kernel_lands_in_the_kernels_own_folder(
+    kernels: Connection, gl_shared_dir: Path
+) -> None:
+    wheel = tiny_wheel(gl_shared_dir, "glpiptest", "ANSWER = 42\n")  # the task user reads it
+
+    async def main_() -> None:
+        async with started("cpu") as (_, kc):
+            reply, seen = await run(kc, f"%pip install --no-index --no-deps {wheel}")
+            assert reply["content"]["status"] == "ok", stdout(seen)
+            assert "Successfully installed glpiptest" in stdout(seen), stdout(seen)
+            _, seen = await run(kc, "import glpiptest, sys; print(glpiptest.ANSWER,"
+                                    " glpiptest.__file__.startswith(sys.prefix))")  # fmt: skip
+            assert stdout(seen) == "42 False\n"  # importable, and not in the worker's Python
+
+    asyncio.run(main_())
+
+
+def tiny_wheel(folder: Path, name: str, source: str) -> Path:
+    """A pure-Python wheel of one module, written by hand (no build backend, no network)."""
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, text in files.items():
+            z.writestr(arc, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{arc},,\n" for arc in files) + f"{info}/RECORD,,\n")
+    path.chmod(0o644)
+    return path
+
+
+def test_a_control_plane_restart_keeps_the_kernel_and_its_state(
+    kernels: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with LocalCluster(tmp_path / "c", workers=1, slots=1, heartbeat_seconds=0.5,
+                      lease_seconds=8.0) as c:  # fmt: skip
+        monkeypatch.setenv("GPULAYER_URL", c.url)
+        monkeypatch.setenv("GPULAYER_TOKEN", c.admin_token)
+
+        async def main_() -> None:
+            async with started("cpu") as (km, kc):
+                reply, _ = await run(kc, "a = 5")
+                assert reply["content"]["status"] == "ok"
+                await asyncio.to_thread(c.restart_control_plane)
+                await until_async(lambda: answers(kc), 60, "the relay to be attached again")
+                _, seen = await run(kc, "print(a)")  # the same kernel: its state is there
+                assert stdout(seen) == "5\n"
+                assert await km.is_alive()
+
+        asyncio.run(main_())
+
+
+def test_only_the_owner_reaches_a_kernels_relay(
+    kernels: Connection, kcluster: LocalCluster
+) -> None:
+    other = kernels.create_token(contracts.CreateToken(name="someone-else", role="submitter"))
+
+    def refused(path: str, token: str) -> int:
+        url = "ws" + kcluster.url.removeprefix("http").rstrip("/") + contracts.API_PREFIX + "/"
+        with pytest.raises(InvalidStatus) as e:
+            connect(url + path, additional_headers={"Authorization": f"Bearer {token}"},
+                    open_timeout=20)  # fmt: skip
+        return e.value.response.status_code
+
+    async def main_() -> None:
+        async with started() as (km, _):
+            job_id = km.provisioner.job_id
+            path = contracts.KERNEL_CHANNEL_PATH.format(job_id=job_id)
+            # Another owner cannot tell it from a job that does not exist.
+            assert await asyncio.to_thread(refused, path, other.token) == 404
+            assert await asyncio.to_thread(refused, "kernels/nope/channel", other.token) == 404
+            # Nobody but a worker opens the worker's end, and only the one running it.
+            (worker,) = kernels.workers()
+            theirs = f"workers/{worker.id}/kernels/{job_id}/channel"
+            assert await asyncio.to_thread(refused, theirs, kcluster.admin_token) == 403
+        command = kernels.submit(contracts.JobSpec(kind="command", command=["true"]))
+        path = contracts.KERNEL_CHANNEL_PATH.format(job_id=command.id)
+        assert await asyncio.to_thread(refused, path, kcluster.admin_token) == 404
+
+    asyncio.run(main_())
+
+
 # ------------------------------------------------------------------ helpers
 
 
@@ -307,6 +475,18 @@ async def busy(kc: Any, msg_id: str) -> None:
         msg = await kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
             return
+
+
+async def answers(kc: Any) -> bool:
+    """Whether a kernel_info_request is answered within a second."""
+    msg_id = kc.kernel_info()
+    try:
+        while True:
+            reply = await kc.get_shell_msg(timeout=1)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return True
+    except Exception:  # queue.Empty: no answer (yet)
+        return False
 
 
 async def dead(km: AsyncKernelManager) -> bool:

@@ -71,9 +71,10 @@ async def _run(
         seen.append(msg)
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    reply = await kc.get_shell_msg(timeout=20)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    return reply, seen
+    while True:  # an earlier request's late reply (wait_for_ready asks more than once)
+        reply = await kc.get_shell_msg(timeout=20)
+        if reply["parent_header"]["msg_id"] == msg_id:
+            return reply, seen
 
 
 def _stdout(seen: list[dict[str, Any]]) -> str:
