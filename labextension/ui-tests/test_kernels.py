@@ -23,10 +23,15 @@ TIMEOUT_MS = 30_000
 KERNEL = "Python 3 (gpulayer, 1 GPU)"
 
 
-def kernel_job(cluster: LocalCluster) -> contracts.Job:
-    """The running job of the one gpulayer kernel (its relay session)."""
+def kernel_jobs(cluster: LocalCluster) -> list[contracts.Job]:
+    """The gpulayer kernels' jobs (relay sessions), newest first."""
     with cluster.connection() as conn:
-        (job,) = [j for j in conn.jobs(state="running") if "gpulayer.dev/kernel" in j.spec.labels]
+        return [j for j in conn.jobs() if "gpulayer.dev/kernel" in j.spec.labels]
+
+
+def kernel_job(cluster: LocalCluster) -> contracts.Job:
+    """The running job of the one gpulayer kernel."""
+    (job,) = [j for j in kernel_jobs(cluster) if j.state == "running"]
     return job
 
 
@@ -147,4 +152,9 @@ def test_a_notebook_runs_on_a_gpulayer_kernel(gl_notebook: NotebookPage) -> None
     nb.until_idle(timeout=60_000)
     after = nb.run('print("slider" in globals(), 6 * 7)')
     expect(nb.output(after)).to_have_text("False 42\n", timeout=TIMEOUT_MS)
+    # the restart placed a new kernel job and ended the old one: one GPU held, not two
+    states = {j.id: j.state for j in kernel_jobs(nb.cluster)}
+    assert states.pop(job.id) in ("succeeded", "cancelled"), states
+    assert list(states.values()) == ["running"], states
+    expect(page.locator(".gpulayer-status-item")).to_have_text("GPUs 1/2", timeout=TIMEOUT_MS)
     nb.screenshot("gpulayer-kernel-restarted")
