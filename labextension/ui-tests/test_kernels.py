@@ -24,7 +24,7 @@ KERNEL = "Python 3 (gpulayer, 1 GPU)"
 
 
 def kernel_jobs(cluster: LocalCluster) -> list[contracts.Job]:
-    """The gpulayer kernels' jobs (relay sessions), newest first."""
+    """The gpulayer kernels' jobs (relay sessions)."""
     with cluster.connection() as conn:
         return [j for j in conn.jobs() if "gpulayer.dev/kernel" in j.spec.labels]
 
