@@ -16,9 +16,11 @@ KernelManager generated (``ipc`` sockets in a 0700 folder of this user, so no
 other local user reaches them), and waits for ``ready`` (the worker's end is
 attached). The KernelManager then talks to those sockets as to a local kernel.
 
-* **Credentials** come from the process's gpulayer configuration
-  (``GPULAYER_URL``/``GPULAYER_TOKEN``, else the file ``gpulayer up`` saved),
-  never from ``kernel.json``.
+* **Credentials** come from the Jupyter server's own control plane when the
+  provisioner runs in a server with the gpulayer extension (its URL and Jupyter
+  token), else from the process's gpulayer configuration
+  (``GPULAYER_URL``/``GPULAYER_TOKEN``, else the file ``gpulayer up`` saved);
+  never from ``kernel.json`` (docs/adr/0138).
 * **Interrupt**: the kernelspec says ``interrupt_mode: message`` (ipykernel
   answers ``interrupt_request`` on the control channel), so no signal is sent.
 * **Liveness**: :meth:`poll` is None while the relay is open; the control plane
@@ -43,7 +45,7 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from gpulayer import contracts, transfer
+from gpulayer import contracts, tls, transfer
 from gpulayer.client import config
 from gpulayer.client.connection import Connection
 from gpulayer.client.pending import PendingNotes
@@ -201,7 +203,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
                 f"the gpulayer kernel was ended ({ended}); restart it to start a new one"
             )
         if self._conn is None:
-            self._conn = await asyncio.to_thread(_connect)
+            self._conn = await asyncio.to_thread(_connect, self.parent)
         conn = self._conn
         spec = await asyncio.to_thread(self._spec, conn)
         job = await asyncio.to_thread(conn.submit, spec)
@@ -370,11 +372,40 @@ def _upload_workdir(conn: Connection, folder: str) -> str:
         return conn.upload_file(packed.path, packed.digest).sha256
 
 
-def _connect() -> Connection:
-    """The process's gpulayer connection (environment, else the saved file)."""
-    cfg = config.resolve()
+def _connect(parent: Any = None) -> Connection:
+    """The kernel's gpulayer connection: the Jupyter server's own control plane
+    (:func:`_own_control_plane`), else the process's (environment, else the saved file)."""
+    cfg = _own_control_plane(parent) or config.resolve()
     return Connection(cfg.url, cfg.token, fingerprint=cfg.fingerprint, insecure=cfg.insecure,
                       channel="http")  # fmt: skip
+
+
+def _own_control_plane(parent: Any) -> config.ConnectionConfig | None:
+    """The control plane of the Jupyter server this provisioner runs in, when that
+    server loaded gpulayer's extension (``jupyter_ext``): the server's own URL and
+    Jupyter token, which the control plane accepts as the Jupyter user
+    (``c.GpulayerApp.jupyter_user_role``). None for any other process.
+
+    The server is found up the provisioner's parent chain (KernelManager,
+    MultiKernelManager, ServerApp) by duck typing: gpulayer never imports
+    jupyter_server.
+    """
+    app = parent
+    for _ in range(4):  # the ServerApp is the KernelManager's grandparent
+        if app is None or hasattr(app, "extension_manager"):
+            break
+        app = getattr(app, "parent", None)
+    try:
+        extension = app.extension_manager.extensions.get("jupyter_ext")
+        token = app.identity_provider.token
+        url, certfile = app.connection_url, app.certfile
+    except AttributeError:
+        return None
+    if extension is None or not extension.enabled or not token:
+        return None
+    # the server listens on this machine, so the token does not leave it over http://
+    fingerprint = tls.fingerprint_of_file(certfile) if certfile else None
+    return config.ConnectionConfig(url=url, token=token, fingerprint=fingerprint, insecure=True)
 
 
 async def _open(conn: Connection, job_id: str) -> ClientConnection:

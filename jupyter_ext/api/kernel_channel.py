@@ -2,7 +2,8 @@
 docs/adr/0125).
 
 * ``GET kernels/{job_id}/channel``: the Jupyter server's end (the kernel
-  provisioner), with a bearer token of the kernel job's owner; another owner's job,
+  provisioner), with a bearer token of the kernel job's owner, or the Jupyter
+  server's own token (the Jupyter user, as on the REST routes); another owner's job,
   one that is not a kernel, or one that ended is a 404.
 * ``GET workers/{worker_id}/kernels/{job_id}/channel``: the worker's end, with
   that worker's own token; the kernel's task must be running there.
@@ -17,6 +18,7 @@ is no HTTP fallback for the relay.
 """
 
 import asyncio
+import hmac
 import logging
 from typing import Any
 
@@ -26,6 +28,7 @@ from gpulayer.contracts import CLOSE_RESYNC
 
 from ..auth import Principal
 from ..kernel_relays import KernelRelays
+from .base import jupyter_owner
 from .channel import ChannelHandler
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,23 @@ class KernelClientChannelHandler(_RelayHandler):
     """``GET kernels/{job_id}/channel``: the Jupyter server's end of a kernel."""
 
     roles = frozenset({"submitter"})
+
+    def server_principal(self) -> Principal | None:
+        """The Jupyter server's own token (``Authorization: token|Bearer T``) is the
+        Jupyter user, as on the REST routes: a kernel provisioner inside the server
+        that runs this control plane has no gpulayer token. Only from the header,
+        which a browser page cannot set on a WebSocket, never from a cookie."""
+        provider = self.settings.get("identity_provider")
+        expected = getattr(provider, "token", "")
+        scheme, _, value = self.request.headers.get("Authorization", "").partition(" ")
+        value = value.strip()
+        if not expected or not value or scheme.lower() not in ("token", "bearer"):
+            return None
+        if not hmac.compare_digest(value.encode(), str(expected).encode()):
+            return None
+        # a token login has no user name: the server's one owner for such logins
+        owner = jupyter_owner(provider, "", self.state.anonymous_owner)
+        return Principal(name=owner, role=self.limits.jupyter_user_role)
 
     async def admit_channel(self, who: Principal) -> None:
         """The owner's own running (or starting) kernel, else 404."""

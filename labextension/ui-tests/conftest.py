@@ -19,12 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gpulayer.cli import main as cli_main
 from gpulayer.cluster import LocalCluster, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +73,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"gpulayer browser-test screenshots: {out}")
 
 
-def _lab_env(base: Path) -> dict[str, str]:
-    """Isolated Lab settings (no news toast), and this checkout's built sidebar first."""
+def _lab_env(base: Path, data_dirs: Sequence[Path] = ()) -> dict[str, str]:
+    """Isolated Lab settings (no news toast), this checkout's built sidebar first, then
+    ``data_dirs`` on JUPYTER_PATH (kernelspecs a test installed)."""
     settings = base / "lab-settings"
     notes = settings / "@jupyterlab" / "apputils-extension"
     notes.mkdir(parents=True)
@@ -86,18 +88,24 @@ def _lab_env(base: Path) -> dict[str, str]:
         "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
         "JUPYTER_CONFIG_DIR": str(base / "config"),
     }
+    path = [str(d) for d in data_dirs]
     if (BUILT / "package.json").exists():
         data = base / "jupyter-data"
         (data / "labextensions").mkdir(parents=True)
         (data / "labextensions" / "gpulayer").symlink_to(BUILT, target_is_directory=True)
+        path.insert(0, str(data))
+    if path:
         env["JUPYTER_PATH"] = os.pathsep.join(
-            p for p in (str(data), os.environ.get("JUPYTER_PATH", "")) if p
+            p for p in (*path, os.environ.get("JUPYTER_PATH", "")) if p
         )
     return env
 
 
-def start_lab(base: Path, *, workers: int, server_args: list[str]) -> LocalCluster:
-    """JupyterLab (with the control plane) and ``workers`` simulated-GPU workers."""
+def start_lab(
+    base: Path, *, workers: int, server_args: list[str], data_dirs: Sequence[Path] = ()
+) -> LocalCluster:
+    """JupyterLab (with the control plane) and ``workers`` simulated-GPU workers;
+    Lab also looks in ``data_dirs`` (Jupyter data dirs: kernelspecs)."""
     base.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(
         base / "cluster",
@@ -106,7 +114,7 @@ def start_lab(base: Path, *, workers: int, server_args: list[str]) -> LocalClust
         simulated_gpus="2xA100-80GB",
         heartbeat_seconds=0.5,
         lease_seconds=10.0,
-        env=_lab_env(base),
+        env=_lab_env(base, data_dirs),
         server_module="jupyterlab",
         server_args=["--LabApp.extension_manager=readonly", *server_args],
     )
@@ -127,6 +135,29 @@ def gl_shared_dir() -> Iterator[Path]:
 def gl_lab(tmp_path_factory) -> Iterator[LocalCluster]:
     """JupyterLab with gpulayer and one worker named ``local-1`` with 2 simulated A100s."""
     cluster = start_lab(tmp_path_factory.mktemp("lab"), workers=1, server_args=[])
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def gl_kernel_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """JupyterLab with gpulayer, one worker (``local-1``, 2 simulated A100s) and the
+    gpulayer kernelspec ``gl-1gpu`` (1 GPU) installed by ``gpulayer kernel install
+    --prefix`` where Lab finds it. Lab gets no gpulayer URL, token or saved
+    connection: its kernels must find the control plane inside Lab itself."""
+    base = tmp_path_factory.mktemp("kernel-lab")
+    prefix = base / "kernels"
+    assert cli_main(["kernel", "install", "--name", "gl-1gpu", "--gpus", "1",
+                     "--prefix", str(prefix)]) == 0  # fmt: skip
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPULAYER_CONFIG", str(base / "no-saved-connection.json"))
+        env.delenv("GPULAYER_URL", raising=False)
+        env.delenv("GPULAYER_TOKEN", raising=False)
+        cluster = start_lab(
+            base, workers=1, server_args=[], data_dirs=[prefix / "share" / "jupyter"]
+        )
     try:
         yield cluster
     finally:
