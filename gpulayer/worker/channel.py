@@ -62,22 +62,17 @@ def ws_url(url: str, worker_id: str) -> str:
     return root + c.WORKER_CHANNEL_PATH.format(worker_id=worker_id)
 
 
-async def open_kernel_relay(
-    url: str, tls: ssl.SSLContext | bool, worker_id: str, token: str, job_id: str
-) -> ClientConnection:
-    """The worker's end of a gpulayer kernel's relay (docs/kernels.md): a WebSocket
-    of its own per kernel, binary frames both ways.
+async def _connect(target: str, tls: ssl.SSLContext | bool, token: str) -> ClientConnection:
+    """Open a WebSocket to the control plane with the worker's token (pinned TLS for
+    ``wss://``; small frames out at once).
 
     Raises
     ------
     ChannelRefused
-        When the control plane answers without upgrading (404: the kernel's task is
-        not running here any more).
+        When the handshake is answered without an upgrade (its status).
     ChannelUnavailable
         When it cannot be opened at all.
     """
-    root = "ws" + url.removeprefix("http").rstrip("/") + c.API_PREFIX + "/"
-    target = root + c.WORKER_KERNEL_CHANNEL_PATH.format(worker_id=worker_id, job_id=job_id)
     context = tls if isinstance(tls, ssl.SSLContext) else None
     try:
         ws = await connect(
@@ -96,6 +91,25 @@ async def open_kernel_relay(
         raise ChannelUnavailable(f"{type(e).__name__}: {e}") from e
     nodelay(ws)
     return ws
+
+
+async def open_kernel_relay(
+    url: str, tls: ssl.SSLContext | bool, worker_id: str, token: str, job_id: str
+) -> ClientConnection:
+    """The worker's end of a gpulayer kernel's relay (docs/kernels.md): a WebSocket
+    of its own per kernel, binary frames both ways.
+
+    Raises
+    ------
+    ChannelRefused
+        When the control plane answers without upgrading (404: the kernel's task is
+        not running here any more).
+    ChannelUnavailable
+        When it cannot be opened at all.
+    """
+    root = "ws" + url.removeprefix("http").rstrip("/") + c.API_PREFIX + "/"
+    target = root + c.WORKER_KERNEL_CHANNEL_PATH.format(worker_id=worker_id, job_id=job_id)
+    return await _connect(target, tls, token)
 
 
 class WorkerChannel:
@@ -133,23 +147,7 @@ class WorkerChannel:
         ChannelUnavailable
             When it cannot be opened at all.
         """
-        url = ws_url(self._url, worker_id)
-        context = self._tls if isinstance(self._tls, ssl.SSLContext) else None
-        try:
-            ws = await connect(
-                url,
-                additional_headers={"Authorization": f"Bearer {token}"},
-                ssl=context if url.startswith("wss://") else None,
-                open_timeout=OPEN_TIMEOUT_SECONDS,
-                max_size=MAX_FRAME_BYTES,
-                ping_interval=PING_SECONDS,
-                ping_timeout=PING_SECONDS,
-                compression=None,
-            )
-        except InvalidStatus as e:
-            raise ChannelRefused(e.response.status_code) from e
-        except (OSError, InvalidHandshake, TimeoutError) as e:
-            raise ChannelUnavailable(f"{type(e).__name__}: {e}") from e
+        ws = await _connect(ws_url(self._url, worker_id), self._tls, token)
         self._ws = ws
         try:
             return await self._read(ws, on_push)
