@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> float:
             dist.all_reduce(torch.ones(1))
             time.sleep(0.05)
     if dist.is_initialized():
+        # Every rank done first: a rank that tears gloo down while a peer still runs
+        # its last steps can abort at exit ("terminate called without an active
+        # exception", SIGABRT), failing a job whose training succeeded.
+        dist.barrier()
         dist.destroy_process_group()  # a gloo group left at exit aborts the process
     return checksum
 
