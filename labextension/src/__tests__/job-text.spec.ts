@@ -50,7 +50,7 @@ describe('job titles', () => {
     const session = withSpec(job('a4', 'running'), {
       kind: 'session',
       command: null,
-      session: { name: 'train', idle_timeout: null }
+      session: { name: 'train', idle_timeout: null, relay: false }
     });
     expect(jobTitle(session)).toBe('session train');
     const fn = withSpec(job('a5', 'running'), {
