@@ -55,4 +55,5 @@ def test_a_local_instance_is_a_worker_process_here_started_for_jobs_and_stopped_
         assert "idle for" in (gone.reason or "")
         until(lambda: not alive(pid), 30, "the worker process to end")
         assert json.loads(state.read_text()) == {}
-        assert not [w for w in conn.workers() if w.name == name]
+        # the record goes once the provider forgets the stopped worker, just after
+        until(lambda: not [w for w in conn.workers() if w.name == name], 30, "the worker forgotten")
