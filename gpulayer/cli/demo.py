@@ -141,6 +141,7 @@ trainer.fit(model, DataLoader(data, batch_size=16, sampler=sampler))
 w, b = model.linear.weight.item(), model.linear.bias.item()
 print(f"rank {rt.rank}: learned y = {w:.2f}x + {b:.2f} (true: 2x + 1)", flush=True)
 if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # every rank done before any tears gloo down
     torch.distributed.destroy_process_group()
 """
 

@@ -17,6 +17,7 @@ holds the scheduler already stepped, so resuming continues exactly.
 """
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -223,17 +224,20 @@ class Trainer:
         """
         self._attach(module)
         self.has_validation, self.validated = val_dataloader is not None, False
-        with self._running("fit"):
-            self.optimizer, self.lr_scheduler = parse_optimizers(module.configure_optimizers())
-            if ckpt_path is not None:
-                self._restore(ckpt.load(ckpt_path))
-            self._wrap(module)
-            dispatch(self, "on_fit_start")
-            dispatch(self, "on_train_start")
-            while not self._done():
-                self._train_epoch(train_dataloader, val_dataloader)
-            dispatch(self, "on_train_end")
-            dispatch(self, "on_fit_end")
+        try:
+            with self._running("fit"):
+                self.optimizer, self.lr_scheduler = parse_optimizers(module.configure_optimizers())
+                if ckpt_path is not None:
+                    self._restore(ckpt.load(ckpt_path))
+                self._wrap(module)
+                dispatch(self, "on_fit_start")
+                dispatch(self, "on_train_start")
+                while not self._done():
+                    self._train_epoch(train_dataloader, val_dataloader)
+                dispatch(self, "on_train_end")
+                dispatch(self, "on_fit_end")
+        finally:
+            self._unwrap()
         return self
 
     def validate(
@@ -325,6 +329,18 @@ class Trainer:
         self._ddp = optimization.data_parallel(
             module, module.training_step, self.runtime, self.find_unused_parameters
         )
+
+    def _unwrap(self) -> None:
+        """Let go of the DDP wrapper (and with it the process group its reducer holds).
+
+        Kept, it would live as long as the trainer (which the module points back to,
+        a cycle), so ``destroy_process_group`` could not free the group: gloo's threads
+        would then be torn down during interpreter shutdown, which can abort the process
+        ("terminate called without an active exception") after training succeeded.
+        """
+        if self._ddp is not None:
+            self._ddp = None
+            gc.collect()  # the wrapper's own cycles go now, not at interpreter exit
 
     def _hook(self, hook: str, *args: Any) -> None:
         """:func:`~gpulayer.pytorch.dispatch` for this trainer, for the step functions."""

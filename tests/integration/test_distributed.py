@@ -34,7 +34,8 @@ def ddp_job(conn, *args, launcher="torchrun", env=None, timeout="120s"):
         nproc_per_node=2,
         launcher=launcher,
         workdir=EXAMPLES,
-        env={"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", **(env or {})},
+        # faulthandler: a rank that aborts leaves its Python stacks in the job's log
+        env={"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})},
         timeout=timeout,
         connection=conn,
     )

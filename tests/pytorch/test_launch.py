@@ -1,8 +1,11 @@
 """launch(): DDP over local gloo processes, as torchrun would run it."""
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from gpulayer.pytorch import EarlyStopping, LaunchError, Module, Runtime, Trainer, launch
@@ -59,6 +62,9 @@ def _ddp_fit() -> dict:
         "params": gathered,
         "metrics": trainer.callback_metrics,
         "steps": trainer.global_step,
+        # A wrapper kept after fit holds the process group past destroy_process_group,
+        # to be torn down at interpreter exit, where gloo can abort a finished job.
+        "wrappers_left": sum(type(o) is DistributedDataParallel for o in gc.get_objects()),
     }
 
 
@@ -77,6 +83,7 @@ def test_a_ddp_fit_in_two_processes_ends_with_identical_parameters() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     result = launch(_ddp_fit, nproc_per_node=2, start_method="fork")
     assert (result["world_size"], result["backend"], result["steps"]) == (2, "gloo", 4)
+    assert result["wrappers_left"] == 0  # fit let go of DDP (and so of the group)
     rank0, rank1 = result["params"]
     assert torch.equal(rank0, rank1)
     assert result["metrics"]["train/rank"] == 0.5  # averaged over ranks 0 and 1
