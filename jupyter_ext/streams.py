@@ -30,6 +30,11 @@ def logs_key(job_id: str) -> str:
     return f"logs:{job_id}"
 
 
+def _wake(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Notifier:
     """Keyed one-shot wake-ups on the control plane's event loop."""
 
@@ -72,10 +77,14 @@ class Notifier:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
+                # A timer resolves the same future: a notify wakes this coroutine in
+                # one turn of the loop (``asyncio.wait_for`` takes two), so a writer
+                # that yields once (``await asyncio.sleep(0)``) lets it answer first.
+                timer = loop.call_later(remaining, _wake, fut)
                 try:
-                    await asyncio.wait_for(fut, remaining)
-                except TimeoutError:
-                    return await check()
+                    await fut
+                finally:
+                    timer.cancel()
             finally:
                 for k in keys:
                     waiters = self._waiters.get(k)

@@ -218,6 +218,9 @@ class Tasks:
                     if early is not None:  # the waiting caller has it while this commits
                         core.ending[task.job_id] = early
                         core.notifier.notify(job_key(task.job_id))
+                        # A small commit runs on the loop (docs/adr/0139): let the
+                        # woken caller answer first, as it would during a hand-off.
+                        await asyncio.sleep(0)
                     try:
                         await core.store.apply(stmts)
                     finally:

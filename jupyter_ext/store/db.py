@@ -1,9 +1,13 @@
 """The connection: one SQLite file in WAL mode behind one aiosqlite connection.
 
 One long-lived connection is the single writer; aiosqlite runs its calls in order
-on its own thread, so handlers never block the event loop. Writes that arrive
-while a commit is in flight share the next commit (``commits.py``); each writer
-is answered once the commit holding its statements is done. Reads of a few rows
+on its own thread. Writes that arrive while a commit is in flight share the next
+commit (``commits.py``); each writer is answered once the commit holding its
+statements is done. A group of a few small writes commits on the event loop's
+thread instead, on the same connection, while nothing runs on aiosqlite's
+thread: without fsync (WAL, ``synchronous=NORMAL``) that takes a fraction of the
+hand-off (docs/adr/0139); SQLite's own checkpoint is then off and the WAL is
+checkpointed on the thread every :data:`CHECKPOINT_EVERY_COMMITS` commits. Reads of a few rows
 (a job, a task, a token, a page of up to :data:`INLINE_READ_ROWS` lines) run on
 the event loop's thread, on a second, read-only connection: in WAL mode a reader
 never waits for the writer and sees every committed transaction, and a point
@@ -23,9 +27,11 @@ import asyncio
 import contextlib
 import errno
 import functools
+import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,13 +40,23 @@ import aiosqlite
 from gpulayer.errors import StorageError, storage_error
 
 from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, notify, split
-from .commits import Unit, commit_group
+from .commits import Outcome, Unit, commit_group
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 #: Reads of at most about this many rows run on the event loop (see the docstring).
 INLINE_READ_ROWS = 1000
+#: A group of at most this many units, each a write of at most
+#: :data:`INLINE_WRITE_STATEMENTS` statements, commits on the event loop's thread
+#: when aiosqlite's thread is idle (docs/adr/0139).
+INLINE_GROUP_UNITS = 8
+INLINE_WRITE_STATEMENTS = 64
+#: With commits on the loop, SQLite's own checkpoint (which may fsync) is off; the
+#: WAL is checkpointed on aiosqlite's thread after this many commits instead.
+CHECKPOINT_EVERY_COMMITS = 256
 
 
 class Database:
@@ -55,6 +71,8 @@ class Database:
         self._waiting: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._committer: asyncio.Task[None] | None = None
         self._journal = Journal()
+        self._thread_calls = 0  # calls handed to aiosqlite's thread, not yet answered
+        self._since_checkpoint = 0  # commits since the WAL was last checkpointed
         #: The queued jobs, followed in memory (``changes.py``).
         self.queued = QueuedJobs()
         self._token_listeners: list[TokenListener] = []
@@ -69,9 +87,13 @@ class Database:
             os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
-        db = await aiosqlite.connect(self.path, isolation_level=None)
+        # Small commits run on the loop's thread on this same connection (its TEMP
+        # triggers record changes), only while aiosqlite's thread is idle.
+        db = await aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
         db.row_factory = sqlite3.Row
-        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+        pragmas = ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+                   "wal_autocheckpoint=0")  # fmt: skip
+        for pragma in pragmas:
             await db.execute(f"PRAGMA {pragma}")
         await db.execute("PRAGMA busy_timeout=5000")
         self._db = db
@@ -154,7 +176,7 @@ class Database:
             if self._reader is not None:
                 row: sqlite3.Row | None = self._reader.execute(sql, params).fetchone()
                 return row
-            rows = await self.db.execute_fetchall(sql, params)
+            rows = await self._on_thread(self.db.execute_fetchall(sql, params))
         return next(iter(rows), None)
 
     async def _all(
@@ -165,7 +187,7 @@ class Database:
         with self._storage_errors():
             if self._reader is not None and not big:
                 return self._reader.execute(sql, params).fetchall()
-            return list(await self.db.execute_fetchall(sql, params))
+            return list(await self._on_thread(self.db.execute_fetchall(sql, params)))
 
     @contextlib.contextmanager
     def _storage_errors(self) -> Iterator[None]:
@@ -190,10 +212,20 @@ class Database:
         conn = db._conn
         try:
             with self._storage_errors():
-                result: T = await db._execute(lambda: fn(conn))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
+                result: T = await self._on_thread(db._execute(lambda: fn(conn)))  # type: ignore[no-untyped-call]  # aiosqlite leaves its primitive untyped
         finally:
             self._deliver()
         return result
+
+    async def _on_thread(self, call: Awaitable[T]) -> T:
+        """Await a call handed to aiosqlite's thread, counted: while one is in flight
+        no commit runs on the loop's thread (the connection is used by one thread at
+        a time)."""
+        self._thread_calls += 1
+        try:
+            return await call
+        finally:
+            self._thread_calls -= 1
 
     async def _write(self, statements: Iterable[Statement]) -> None:
         """Run several statements in one transaction (all or none of them)."""
@@ -203,7 +235,12 @@ class Database:
             for sql, params in stmts:
                 conn.execute(sql, params)
 
-        await self._commit(run)
+        if len(stmts) <= INLINE_WRITE_STATEMENTS:
+            _SMALL.add(run)
+        try:
+            await self._commit(run)
+        finally:
+            _SMALL.discard(run)
 
     async def _commit(self, unit: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``unit(connection)`` in a transaction and answer once it committed.
@@ -212,7 +249,8 @@ class Database:
         commit is in flight, else with every unit that arrived meanwhile, each in
         its own savepoint. Its error (a :class:`~gpulayer.errors.Conflict` for a
         constraint) rolls back its statements only. Cancelling the caller does not
-        take the unit back: it commits, or fails, with its group.
+        take the unit back: it commits, or fails, with its group. A group of a few
+        small writes commits on the loop's thread (docs/adr/0139).
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append((unit, future))
@@ -221,15 +259,24 @@ class Database:
         return await future
 
     async def _commit_waiting(self) -> None:
-        """Commit what waits, a group at a time, until nothing does."""
-        while self._waiting:
+        """Checkpoint when due, and commit what waits, a group at a time, until
+        nothing does."""
+        while True:
+            if self._since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
+                await self._checkpoint()
+            if not self._waiting:
+                return
             group, self._waiting = self._waiting, []
             units = [unit for unit, _ in group]
             try:
-                commit = functools.partial(commit_group, journal=self._journal, units=units)
-                outcomes = await self._in_thread(commit)
+                if self._inline(units):
+                    outcomes = self._commit_here(units)
+                else:
+                    commit = functools.partial(commit_group, journal=self._journal, units=units)
+                    outcomes = await self._in_thread(commit)
             except Exception as e:  # nothing of the group is stored: each writer hears why
                 outcomes = [(False, e)] * len(group)
+            self._since_checkpoint += 1
             for (_, future), (ok, value) in zip(group, outcomes, strict=True):
                 if future.done():  # its writer was cancelled; its unit ran all the same
                     continue
@@ -237,6 +284,34 @@ class Database:
                     future.set_result(value)
                 else:
                     future.set_exception(self._storage_failure_of(value))
+
+    def _inline(self, units: Sequence[Unit]) -> bool:
+        """Whether a group commits on the loop's thread: a few small writes, and
+        aiosqlite's thread idle (docs/adr/0139)."""
+        return (
+            self._thread_calls == 0
+            and len(units) <= INLINE_GROUP_UNITS
+            and all(unit in _SMALL for unit in units)
+        )
+
+    def _commit_here(self, units: Sequence[Unit]) -> list[Outcome]:
+        """Commit ``units`` on the loop's thread (no hand-off: a commit without fsync
+        takes about a tenth of a millisecond, a hand-off and back several times that)."""
+        try:
+            with self._storage_errors():
+                db = self.db  # aiosqlite's own connection, as _in_thread uses it
+                return commit_group(db._conn, self._journal, units)
+        finally:
+            self._deliver()
+
+    async def _checkpoint(self) -> None:
+        """Checkpoint the WAL into the database file, on aiosqlite's thread (a
+        checkpoint may fsync); a failure is left for the next one."""
+        self._since_checkpoint = 0
+        try:
+            await self._on_thread(self.db.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+        except sqlite3.Error as e:
+            log.warning("WAL checkpoint of %s failed: %s", self.path, e)
 
     def _storage_failure_of(self, e: BaseException) -> BaseException:
         """A unit's error, a failing disk's as a :class:`StorageError`."""
@@ -246,6 +321,9 @@ class Database:
 
 
 D = TypeVar("D", bound=Database)
+
+#: The units of :meth:`Database._write` small enough to commit on the loop's thread.
+_SMALL: "weakref.WeakSet[Unit]" = weakref.WeakSet()
 
 
 def _read_only(path: Path) -> sqlite3.Connection:

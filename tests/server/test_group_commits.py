@@ -105,3 +105,56 @@ def test_a_write_whose_caller_gave_up_is_stored_all_the_same(tmp_path):
             await store.close()
 
     asyncio.run(body())
+
+
+def test_the_wal_is_folded_back_while_small_writes_commit_on_the_loop(tmp_path):
+    # Small writes commit on the event loop with SQLite's own checkpoint off
+    # (docs/adr/0139); the store checkpoints on its thread instead, so the WAL
+    # does not grow with every commit.
+    path = tmp_path / "gl.db"
+
+    async def body():
+        store = await Store(path).open()
+        try:
+            for i in range(800):  # one at a time: 800 commits of ~5 frames each
+                await store.insert_token(token(i))
+            assert len(stored_ids(path)) == 800
+            assert wal_frames(path) < 2000, "the WAL was never checkpointed"
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_small_writes_and_large_reads_on_the_thread_interleave_safely(tmp_path):
+    # A large read runs on aiosqlite's thread, on the connection the small writes
+    # commit on from the loop (docs/adr/0139): each read sees every write answered
+    # before it and nothing more, and every write is stored.
+    path = tmp_path / "gl.db"
+
+    async def body():
+        store = await Store(path).open()
+        try:
+            written: list[int] = []
+
+            async def writes() -> None:
+                for i in range(300):
+                    await store.insert_token(token(i))
+                    written.append(i)
+
+            async def reads() -> None:
+                for _ in range(60):
+                    before = len(written)
+                    seen = {t.id for t in await store.list_tokens()}
+                    # Every write answered before the read started is in it, and
+                    # nothing that was not written yet.
+                    assert {f"t{i}" for i in range(before)} <= seen
+                    assert seen <= {f"t{i}" for i in range(300)}
+                    await asyncio.sleep(0)
+
+            await asyncio.gather(writes(), reads())
+            assert stored_ids(path) == {f"t{i}" for i in range(300)}
+        finally:
+            await store.close()
+
+    asyncio.run(body())
