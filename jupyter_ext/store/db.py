@@ -30,7 +30,6 @@ import functools
 import logging
 import os
 import sqlite3
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,9 +48,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Reads of at most about this many rows run on the event loop (see the docstring).
 INLINE_READ_ROWS = 1000
-#: A group of at most this many units, each a write of at most
-#: :data:`INLINE_WRITE_STATEMENTS` statements, commits on the event loop's thread
-#: when aiosqlite's thread is idle (docs/adr/0139).
+#: A group of at most this many units, each writing at most
+#: :data:`INLINE_WRITE_STATEMENTS` rows (a ``_write``'s statements, a log or metric
+#: batch's lines), commits on the event loop's thread when aiosqlite's thread is
+#: idle (docs/adr/0139).
 INLINE_GROUP_UNITS = 8
 INLINE_WRITE_STATEMENTS = 64
 #: With commits on the loop, SQLite's own checkpoint (which may fsync) is off; the
@@ -68,7 +68,7 @@ class Database:
         self._reader: sqlite3.Connection | None = None  # read-only, on the loop's thread
         # One connection means one transaction at a time: writes that arrive while
         # one commits wait, and share the next commit (commits.py).
-        self._waiting: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._waiting: list[tuple[Unit, asyncio.Future[Any], bool]] = []  # and small?
         self._committer: asyncio.Task[None] | None = None
         self._journal = Journal()
         self._thread_calls = 0  # calls handed to aiosqlite's thread, not yet answered
@@ -235,14 +235,9 @@ class Database:
             for sql, params in stmts:
                 conn.execute(sql, params)
 
-        if len(stmts) <= INLINE_WRITE_STATEMENTS:
-            _SMALL.add(run)
-        try:
-            await self._commit(run)
-        finally:
-            _SMALL.discard(run)
+        await self._commit(run, small=len(stmts) <= INLINE_WRITE_STATEMENTS)
 
-    async def _commit(self, unit: Callable[[sqlite3.Connection], T]) -> T:
+    async def _commit(self, unit: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
         """Run ``unit(connection)`` in a transaction and answer once it committed.
 
         The unit runs in the next group commit (``commits.py``): alone when no
@@ -250,10 +245,11 @@ class Database:
         its own savepoint. Its error (a :class:`~gpulayer.errors.Conflict` for a
         constraint) rolls back its statements only. Cancelling the caller does not
         take the unit back: it commits, or fails, with its group. A group of a few
-        small writes commits on the loop's thread (docs/adr/0139).
+        ``small`` units (each of at most :data:`INLINE_WRITE_STATEMENTS` rows
+        written, no large read) commits on the loop's thread (docs/adr/0139).
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._waiting.append((unit, future))
+        self._waiting.append((unit, future, small))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_waiting(), name="group-commit")
         return await future
@@ -267,9 +263,9 @@ class Database:
             if not self._waiting:
                 return
             group, self._waiting = self._waiting, []
-            units = [unit for unit, _ in group]
+            units = [unit for unit, _, _ in group]
             try:
-                if self._inline(units):
+                if self._inline(group):
                     outcomes = self._commit_here(units)
                 else:
                     commit = functools.partial(commit_group, journal=self._journal, units=units)
@@ -277,7 +273,7 @@ class Database:
             except Exception as e:  # nothing of the group is stored: each writer hears why
                 outcomes = [(False, e)] * len(group)
             self._since_checkpoint += 1
-            for (_, future), (ok, value) in zip(group, outcomes, strict=True):
+            for (_, future, _), (ok, value) in zip(group, outcomes, strict=True):
                 if future.done():  # its writer was cancelled; its unit ran all the same
                     continue
                 if ok:
@@ -285,13 +281,13 @@ class Database:
                 else:
                     future.set_exception(self._storage_failure_of(value))
 
-    def _inline(self, units: Sequence[Unit]) -> bool:
-        """Whether a group commits on the loop's thread: a few small writes, and
+    def _inline(self, group: Sequence[tuple[Unit, Any, bool]]) -> bool:
+        """Whether a group commits on the loop's thread: a few small units, and
         aiosqlite's thread idle (docs/adr/0139)."""
         return (
             self._thread_calls == 0
-            and len(units) <= INLINE_GROUP_UNITS
-            and all(unit in _SMALL for unit in units)
+            and len(group) <= INLINE_GROUP_UNITS
+            and all(small for _, _, small in group)
         )
 
     def _commit_here(self, units: Sequence[Unit]) -> list[Outcome]:
@@ -321,9 +317,6 @@ class Database:
 
 
 D = TypeVar("D", bound=Database)
-
-#: The units of :meth:`Database._write` small enough to commit on the loop's thread.
-_SMALL: "weakref.WeakSet[Unit]" = weakref.WeakSet()
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
