@@ -7,9 +7,10 @@ statements is done. A group of a few small writes commits on the event loop's
 thread instead, on the same connection, while nothing runs on aiosqlite's
 thread: without fsync (WAL, ``synchronous=NORMAL``) that takes a fraction of the
 hand-off (docs/adr/0139); SQLite's own checkpoint is then off and the WAL is
-checkpointed on the thread every :data:`CHECKPOINT_EVERY_COMMITS` commits. Reads of a few rows
-(a job, a task, a token, a page of up to :data:`INLINE_READ_ROWS` lines) run on
-the event loop's thread, on a second, read-only connection: in WAL mode a reader
+checkpointed on the thread every :data:`CHECKPOINT_EVERY_COMMITS` commits.
+Reads of a few rows (a job, a task, a token, a page of up to
+:data:`INLINE_READ_ROWS` lines) run on the event loop's thread, on a second,
+read-only connection: in WAL mode a reader
 never waits for the writer and sees every committed transaction, and a point
 read takes tens of microseconds where a hand-off to the writer's thread and back
 costs two context switches (milliseconds on a busy machine; ~20 reads a function
@@ -49,11 +50,11 @@ T = TypeVar("T")
 #: Reads of at most about this many rows run on the event loop (see the docstring).
 INLINE_READ_ROWS = 1000
 #: A group of at most this many units, each writing at most
-#: :data:`INLINE_WRITE_STATEMENTS` rows (a ``_write``'s statements, a log or metric
+#: :data:`INLINE_WRITE_ROWS` rows (a ``_write``'s statements, a log or metric
 #: batch's lines), commits on the event loop's thread when aiosqlite's thread is
 #: idle (docs/adr/0139).
 INLINE_GROUP_UNITS = 8
-INLINE_WRITE_STATEMENTS = 64
+INLINE_WRITE_ROWS = 64
 #: With commits on the loop, SQLite's own checkpoint (which may fsync) is off; the
 #: WAL is checkpointed on aiosqlite's thread after this many commits instead.
 CHECKPOINT_EVERY_COMMITS = 256
@@ -68,7 +69,7 @@ class Database:
         self._reader: sqlite3.Connection | None = None  # read-only, on the loop's thread
         # One connection means one transaction at a time: writes that arrive while
         # one commits wait, and share the next commit (commits.py).
-        self._waiting: list[tuple[Unit, asyncio.Future[Any], bool]] = []  # and small?
+        self._waiting: list[tuple[Unit, asyncio.Future[Any], bool]] = []  # unit, writer, small
         self._committer: asyncio.Task[None] | None = None
         self._journal = Journal()
         self._thread_calls = 0  # calls handed to aiosqlite's thread, not yet answered
@@ -235,7 +236,7 @@ class Database:
             for sql, params in stmts:
                 conn.execute(sql, params)
 
-        await self._commit(run, small=len(stmts) <= INLINE_WRITE_STATEMENTS)
+        await self._commit(run, small=len(stmts) <= INLINE_WRITE_ROWS)
 
     async def _commit(self, unit: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
         """Run ``unit(connection)`` in a transaction and answer once it committed.
@@ -245,7 +246,7 @@ class Database:
         its own savepoint. Its error (a :class:`~gpulayer.errors.Conflict` for a
         constraint) rolls back its statements only. Cancelling the caller does not
         take the unit back: it commits, or fails, with its group. A group of a few
-        ``small`` units (each of at most :data:`INLINE_WRITE_STATEMENTS` rows
+        ``small`` units (each of at most :data:`INLINE_WRITE_ROWS` rows
         written, no large read) commits on the loop's thread (docs/adr/0139).
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()

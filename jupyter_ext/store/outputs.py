@@ -10,7 +10,7 @@ from typing import Any
 
 from gpulayer.contracts import TERMINAL_STATES, LogLine, LogPage
 
-from .db import INLINE_READ_ROWS, INLINE_WRITE_STATEMENTS, Database
+from .db import INLINE_READ_ROWS, INLINE_WRITE_ROWS, Database
 from .records import MetricRecord, as_datetime
 
 
@@ -61,7 +61,7 @@ class OutputQueries(Database):
             )
             return have + len(fresh)
 
-        return await self._commit(run, small=len(lines) <= INLINE_WRITE_STATEMENTS)
+        return await self._commit(run, small=len(lines) <= INLINE_WRITE_ROWS)
 
     async def log_usage(self, job_id: str) -> tuple[int, int]:
         """A job's stored log: its line count (the next line's offset) and its bytes."""
@@ -130,7 +130,7 @@ class OutputQueries(Database):
                 )
             return have + len(fresh)
 
-        return await self._commit(run, small=len(points) <= INLINE_WRITE_STATEMENTS)
+        return await self._commit(run, small=len(points) <= INLINE_WRITE_ROWS)
 
     async def read_metrics(self, job_id: str, after: int, limit: int) -> list[MetricRecord]:
         """Up to ``limit`` metric points of a job with ``seq`` above ``after``."""

@@ -31,6 +31,19 @@ def wal_frames(path) -> int:
         return int(conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
 
 
+def on_store(path, body) -> None:
+    """Run ``body(store)`` on a store opened at ``path``, closed after."""
+
+    async def run() -> None:
+        store = await Store(path).open()
+        try:
+            await body(store)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
 def test_writes_that_arrive_together_share_commits_and_each_is_stored_when_answered(tmp_path):
     path = tmp_path / "gl.db"
 
@@ -47,7 +60,7 @@ def test_writes_that_arrive_together_share_commits_and_each_is_stored_when_answe
             await asyncio.gather(*(write(i) for i in range(100)))
             assert stored_ids(path) == {f"t{i}" for i in range(100)}
             # A commit a write would append about five WAL frames each (100 writes
-            # stay under the automatic checkpoint at 1000 frames, which empties it).
+            # stay under the store's checkpoint every 256 commits, which empties it).
             assert wal_frames(path) < 100
         finally:
             await store.close()
@@ -113,17 +126,13 @@ def test_the_wal_is_folded_back_while_small_writes_commit_on_the_loop(tmp_path):
     # does not grow with every commit.
     path = tmp_path / "gl.db"
 
-    async def body():
-        store = await Store(path).open()
-        try:
-            for i in range(800):  # one at a time: 800 commits of ~5 frames each
-                await store.insert_token(token(i))
-            assert len(stored_ids(path)) == 800
-            assert wal_frames(path) < 2000, "the WAL was never checkpointed"
-        finally:
-            await store.close()
+    async def body(store):
+        for i in range(800):  # one at a time: 800 commits of ~5 frames each
+            await store.insert_token(token(i))
+        assert len(stored_ids(path)) == 800
+        assert wal_frames(path) < 2000, "the WAL was never checkpointed"
 
-    asyncio.run(body())
+    on_store(path, body)
 
 
 def test_small_writes_and_large_reads_on_the_thread_interleave_safely(tmp_path):
@@ -131,30 +140,25 @@ def test_small_writes_and_large_reads_on_the_thread_interleave_safely(tmp_path):
     # commit on from the loop (docs/adr/0139): each read sees every write answered
     # before it and nothing more, and every write is stored.
     path = tmp_path / "gl.db"
+    written: list[int] = []
 
-    async def body():
-        store = await Store(path).open()
-        try:
-            written: list[int] = []
+    async def writes(store) -> None:
+        for i in range(300):
+            await store.insert_token(token(i))
+            written.append(i)
 
-            async def writes() -> None:
-                for i in range(300):
-                    await store.insert_token(token(i))
-                    written.append(i)
+    async def reads(store) -> None:
+        for _ in range(60):
+            before = len(written)
+            seen = {t.id for t in await store.list_tokens()}
+            # Every write answered before the read started is in it, and nothing
+            # that was not written yet.
+            assert {f"t{i}" for i in range(before)} <= seen
+            assert seen <= {f"t{i}" for i in range(300)}
+            await asyncio.sleep(0)
 
-            async def reads() -> None:
-                for _ in range(60):
-                    before = len(written)
-                    seen = {t.id for t in await store.list_tokens()}
-                    # Every write answered before the read started is in it, and
-                    # nothing that was not written yet.
-                    assert {f"t{i}" for i in range(before)} <= seen
-                    assert seen <= {f"t{i}" for i in range(300)}
-                    await asyncio.sleep(0)
+    async def body(store):
+        await asyncio.gather(writes(store), reads(store))
+        assert stored_ids(path) == {f"t{i}" for i in range(300)}
 
-            await asyncio.gather(writes(), reads())
-            assert stored_ids(path) == {f"t{i}" for i in range(300)}
-        finally:
-            await store.close()
-
-    asyncio.run(body())
+    on_store(path, body)
