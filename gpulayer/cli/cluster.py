@@ -54,7 +54,12 @@ from gpulayer.worker import credential
 log = logging.getLogger(__name__)
 
 START_DEADLINE_SECONDS = 60.0
-_POLL_SECONDS = 0.05
+#: How often start-up looks whether the control plane answers (a refused connect
+#: costs nothing) and whether the workers are ready (one small request each time):
+#: on an idle machine the whole start takes about a second, so half a poll of
+#: 50 ms each was a tenth of it (benchmarks/results/startup.md).
+_HEALTH_POLL_SECONDS = 0.01
+_POLL_SECONDS = 0.02
 
 __all__ = [
     "DEFAULT_PORT",
@@ -505,4 +510,4 @@ class LocalCluster:
                         f"the control plane did not answer {url} within "
                         f"{START_DEADLINE_SECONDS:g}s; its log ends:\n{log_tail(self.log_path())}"
                     )
-                time.sleep(_POLL_SECONDS)
+                time.sleep(_HEALTH_POLL_SECONDS)

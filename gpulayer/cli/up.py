@@ -288,17 +288,18 @@ def _print_up(cluster: "LocalCluster", args: argparse.Namespace, data_dir: Path)
     output.note("press Ctrl-C to stop")
 
 
-def join_token(args: argparse.Namespace) -> str:
+def join_token(args: argparse.Namespace, from_env: str | None = None) -> str:
     """The join token of ``gpulayer join``: ``--token-file``, else ``--token`` (with a
     warning), else ``$GPULAYER_JOIN_TOKEN``, which is dropped from this process's
-    environment either way, so nothing the worker starts inherits it.
+    environment either way, so nothing the worker starts inherits it (``from_env``:
+    its value, when the caller dropped it already).
 
     Raises
     ------
     ConfigError
         When there is none, or the file cannot be read.
     """
-    from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None)
+    from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None) or from_env
     if args.token_file is not None:
         try:
             if str(args.token_file) == "-":  # `gpulayer up` hands it over once it exists
@@ -342,9 +343,12 @@ def _join(args: argparse.Namespace) -> int:
         from gpulayer.worker import main as agent_main
     except ImportError as e:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
-    # After the imports: `gpulayer up` starts its workers while the control plane
-    # starts, and hands them the join token on stdin once it exists (--token-file -).
-    token = join_token(args)
+    # `gpulayer up` starts its workers while the control plane starts, and hands them
+    # the join token on stdin once it exists (--token-file -): the worker reads it
+    # last, after its imports and its own checks (worker.agent.run_agent).
+    from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None)  # before the worker starts anything
+    later = args.token_file is not None and str(args.token_file) == "-"
+    token = "" if later else join_token(args, from_env)
     cfg = AgentConfig(
         url=args.join_url, token=token, name=args.name, slots=args.slots,
         data_dir=args.data_dir, labels=dict(args.label), fingerprint=args.fingerprint,
@@ -361,7 +365,7 @@ def _join(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: one line per heartbeat and poll is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        return int(agent_main(cfg))
+        return int(agent_main(cfg, (lambda: join_token(args, from_env)) if later else None))
     except ValueError as e:  # e.g. a malformed GPULAYER_SIMULATED_GPUS
         raise errors.ValidationError(str(e)) from e
 

@@ -24,6 +24,7 @@ The pieces: :mod:`~gpulayer.worker.uplink` (HTTP, retry, re-registration),
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -449,9 +451,19 @@ class Agent:
                 task.abandon("the control plane gave up on it")
 
 
-async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
+async def run_agent(
+    config: AgentConfig,
+    stop: asyncio.Event | None = None,
+    *,
+    token: Callable[[], str] | None = None,
+) -> None:
     """Register, heartbeat, acquire and run tasks until ``stop`` is set (or, when
     ``stop`` is None, until SIGINT or SIGTERM sets it).
+
+    ``token``, when given, reads the join token in place of ``config.token``; it is
+    called last, once the task user is checked and the supervisor started, so
+    that a worker started beside its control plane (``gpulayer up``, which hands
+    the token over once it exists) does those while the control plane starts.
 
     Raises
     ------
@@ -468,18 +480,23 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     spawning.use_task_user(user)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    if stop is None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-                installed.append(sig)
-            except (ValueError, RuntimeError, NotImplementedError) as e:  # not the main thread
-                log.debug("cannot handle %s: %s", sig.name, e)
     timeout = httpx.Timeout(_ACQUIRE_WAIT_SECONDS + 15.0, connect=5.0)
     # Before anything starts a process: every task process carries the fence's mark.
     fence = Fence.start()
     try:
+        if token is not None:
+            # A blocking read on purpose: nothing else runs yet, and until the
+            # handlers below are installed SIGTERM ends the process as it did
+            # before it started.
+            config = dataclasses.replace(config, token=token())
+        if stop is None:
+            stop = asyncio.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.add_signal_handler(sig, stop.set)
+                    installed.append(sig)
+                except (ValueError, RuntimeError, NotImplementedError) as e:  # not the main thread
+                    log.debug("cannot handle %s: %s", sig.name, e)
         verify = tls.verify_for(config.url, config.fingerprint)
         async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
             agent = Agent(config, http, fence)
@@ -504,7 +521,8 @@ async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> N
     log.info("worker stopped")
 
 
-def main(config: AgentConfig) -> int:
-    """Run the agent until SIGINT or SIGTERM; the exit code of ``gpulayer join``."""
-    asyncio.run(run_agent(config))
+def main(config: AgentConfig, token: Callable[[], str] | None = None) -> int:
+    """Run the agent until SIGINT or SIGTERM; the exit code of ``gpulayer join``
+    (``token``: see :func:`run_agent`)."""
+    asyncio.run(run_agent(config, token=token))
     return 0

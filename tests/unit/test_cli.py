@@ -248,15 +248,18 @@ def test_join_takes_its_token_from_a_file_and_drops_it_from_the_environment(
 
 
 def test_join_reads_its_token_from_stdin_with_token_file_dash(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """How `gpulayer up` hands the join token to a worker it started early."""
     monkeypatch.delenv("GPULAYER_JOIN_TOKEN", raising=False)
     monkeypatch.setattr("sys.stdin", io.StringIO("gl_from_stdin\n"))
     args = argparse.Namespace(token_file=Path("-"), token=None)
     assert up.join_token(args) == "gl_from_stdin"
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # the cluster went away first
-    assert cli.main(["join", REMOTE_HTTP, "--token-file", "-"]) == 1
+    # The cluster went away first. The token is read last (after the worker's own
+    # checks, while its control plane starts): a loopback URL gets that far.
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    argv = ["join", "http://127.0.0.1:9/", "--token-file", "-", "--task-user", ""]
+    assert cli.main([*argv, "--data-dir", str(tmp_path / "w")]) == 1
     assert "is empty" in one_error_line(capsys)
 
 
