@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from functions import compile_tree  # noqa: E402  (a script beside this one)
+
 DEFAULT_OUT = HERE / "results" / "startup.json"
 
 
@@ -54,6 +57,9 @@ def main() -> int:
     if args.baseline:
         runs["gpulayer (baseline)"] = ("gpulayer", str(args.baseline.resolve()))
     runs["dask LocalCluster"] = ("dask", None)
+    for tree in (HERE.parent, args.baseline):  # as installed: with its bytecode
+        if tree is not None:
+            compile_tree(tree.resolve())
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(args.rounds):
         for name, (system, path) in runs.items():

@@ -19,6 +19,7 @@ refuses an ``http://`` URL whose host is not loopback unless the user opted in
 ``cryptography`` is imported only to generate a certificate.
 """
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -144,6 +145,30 @@ def verify_for(url: str, fingerprint: str | None) -> ssl.SSLContext | bool:
             " the control plane serves TLS at https://..."
         )
     return pinned_context(fingerprint)
+
+
+def for_httpx(verify: ssl.SSLContext | bool) -> ssl.SSLContext | bool:
+    """``verify`` (from :func:`verify_for`) as an httpx client takes it: ``True``
+    becomes one context per process with the CA bundle httpx itself loads.
+
+    httpx loads that bundle again for every client made with ``verify=True``
+    (about 20 ms of CPU): a :class:`~gpulayer.client.Connection`, each start-up
+    probe of ``gpulayer up``. A pinned context, or ``False``, is passed as it is.
+    """
+    return default_context() if verify is True else verify
+
+
+def default_context() -> ssl.SSLContext:
+    """httpx's default verifying context (its CA bundle, or ``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR`` when set), made once for each value of those two and shared."""
+    return _context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _context_for(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    import httpx  # this module is imported where no HTTP client is loaded
+
+    return httpx.create_ssl_context()  # it reads the two variables itself
 
 
 def is_loopback_url(url: str) -> bool:

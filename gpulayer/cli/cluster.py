@@ -494,7 +494,7 @@ class LocalCluster:
         url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
         deadline = time.monotonic() + START_DEADLINE_SECONDS
         verify = tls.verify_for(self.url, self._fingerprint)
-        with httpx.Client(timeout=httpx.Timeout(2.0), verify=verify) as http:
+        with httpx.Client(timeout=httpx.Timeout(2.0), verify=tls.for_httpx(verify)) as http:
             while True:
                 if self._server.poll() is not None:
                     raise GpulayerError(
