@@ -157,6 +157,9 @@ class LocalCluster:
         self.jupyter_token = secrets.token_hex(24)
         self._server: subprocess.Popen[bytes] | None = None
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        #: When each worker was started (wall clock, as the control plane stamps
+        #: registrations): a row from before says nothing about this process.
+        self._spawned_at: dict[str, float] = {}
         self._admin_token: str | None = None
         self._join_token: str | None = None
         self._worker_count = 0
@@ -375,7 +378,7 @@ class LocalCluster:
                         raise GpulayerError(
                             exited(f"worker {name}", proc.returncode, self.log_path(name))
                         )
-                ready = {w.name: w for w in conn.workers() if w.state == "ready"}
+                ready = {w.name: w for w in conn.workers() if self._ready_now(w)}
                 if all(n in ready for n in names):
                     return [ready[n] for n in names]
                 if time.monotonic() > deadline:
@@ -385,6 +388,13 @@ class LocalCluster:
                         + log_tail(self.log_path(late[0]))
                     )
                 time.sleep(_POLL_SECONDS)
+
+    def _ready_now(self, worker: contracts.Worker) -> bool:
+        """``ready``, and registered or heard since this cluster started it (a row
+        left from before a restart is not the new process)."""
+        since = self._spawned_at.get(worker.name)
+        heard = worker.last_heartbeat or worker.registered_at
+        return worker.state == "ready" and (since is None or heard.timestamp() >= since)
 
     # ------------------------------------------------------------ internals
 
@@ -406,11 +416,12 @@ class LocalCluster:
             name = f"local-{self._worker_count}"
         if name in self._workers:
             raise GpulayerError(f"a local worker named {name!r} is already running")
-        if not early and not (self.data_dir / "workers" / name / credential.FILENAME).exists():
+        folder = self.data_dir / "workers" / name
+        if not early and credential.CredentialFile(folder).load(self.url) is None:
             self._forget_stale(name)
         argv = [sys.executable, "-m", "gpulayer", "join", self.url,
                 "--name", name, "--slots", str(slots or self.slots),
-                "--data-dir", str(self.data_dir / "workers" / name)]  # fmt: skip
+                "--data-dir", str(folder)]  # fmt: skip
         for key, value in (labels or {}).items():
             argv += ["--label", f"{key}={value}"]
         if self.task_user is not None:
@@ -425,6 +436,7 @@ class LocalCluster:
         gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
         if gpus is not None:
             extra["GPULAYER_SIMULATED_GPUS"] = gpus
+        self._spawned_at[name] = time.time()
         self._workers[name] = spawn(
             argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir, stdin_pipe=early
         )
@@ -440,8 +452,10 @@ class LocalCluster:
 
     def _forget_stale(self, name: str) -> None:
         """Forget a registration of ``name`` that its local worker cannot reclaim: its
-        folder holds no credential (it is new, was lost, or predates worker
-        credentials), and a join token registers only free names (ADR 0070)."""
+        folder holds no credential for this URL (it is new, was lost, predates worker
+        credentials, or was issued while the control plane listened on another port:
+        a credential goes back only to the URL that issued it), and a join token
+        registers only free names (ADR 0070)."""
         with self.connection() as conn, contextlib.suppress(NotFound):
             conn.forget_worker(name)
             log.info("forgot an earlier registration of local worker %s", name)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulayer import contracts
 from gpulayer.cli.cluster import LocalCluster
 from gpulayer.cli.processes import free_port
 from gpulayer.errors import GpulayerError
@@ -89,12 +90,19 @@ def test_a_second_control_plane_on_the_same_data_dir_stops_at_once(tmp_path: Pat
 
 def test_on_a_new_data_dir_workers_start_beside_the_control_plane(tmp_path: Path) -> None:
     """The local worker starts while the control plane does and gets its join token
-    on stdin, not in its arguments or environment; on the data dir's next start
-    (a database exists) the workers start after the control plane, as before."""
-    for start in ("new", "again"):
-        with LocalCluster(tmp_path, workers=1, **FAST) as cluster:
+    on stdin, not in its arguments or environment; on the data dir's next starts
+    (a database exists) the workers start after the control plane, as before, and
+    come back whether the port is the same or another one (a credential goes back
+    only to the URL that issued it: the old registration is forgotten)."""
+    port = free_port()
+    for start in ("new", "same port", "another port"):
+        at = {"port": port} if start != "another port" else {}
+        with LocalCluster(tmp_path, workers=1, **at, **FAST) as cluster:
             with cluster.connection() as conn:
                 assert [w.name for w in conn.workers() if w.state == "ready"] == ["local-1"]
+                # Ready means this start's worker: it runs work at once.
+                job = conn.submit(contracts.JobSpec(command=["true"]))
+                assert conn.wait(job.id, timeout=30).state == "succeeded", start
             if start == "new":
                 pid = cluster.worker_pid("local-1")
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes()
