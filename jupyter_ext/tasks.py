@@ -301,7 +301,7 @@ class Tasks:
         )
         if done.result is not None or done.result_blob is not None:
             stmts.append(self._result(task, done))
-            stmts.append(forget_parts_of(task.id))  # the result holds them too
+            stmts.append(forget_parts_of(task.job_id, task.id))  # the result holds them too
         if done.environment is not None:
             stmts.append(set_task_environment(task.id, done.environment.model_dump_json()))
         return stmts

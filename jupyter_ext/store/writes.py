@@ -127,9 +127,10 @@ def put_result(
     return insert("results", row, replace=True)
 
 
-def forget_parts_of(task_id: str) -> Statement:
-    """Drop a task's result parts: its result holds those outcomes too."""
-    return "DELETE FROM result_parts WHERE task_id = ?", (task_id,)
+def forget_parts_of(job_id: str, task_id: str) -> Statement:
+    """Drop a task's result parts: its result holds those outcomes too (by its job
+    first: the table's key, not a scan)."""
+    return "DELETE FROM result_parts WHERE job_id = ? AND task_id = ?", (job_id, task_id)
 
 
 def delete_worker(worker_id: str) -> Statement:
