@@ -55,6 +55,11 @@ def test_rich_output_errors_sessions_and_push_pull(cluster, tmp_path):
         "%gpulayer sessions",
         "%gpulayer end keep",
         "%%gpulayer --session keep\nx",  # 11: a new kernel under the old name
+        # 12-14: the session kernel's history is kept in memory only (`_`, `In`
+        # work; no history file: each cell written to disk cost ~0.7 ms)
+        "%%gpulayer --session keep\n40 + 1",
+        "%%gpulayer --session keep\n_ + 1",
+        "%%gpulayer --session keep\n(get_ipython().history_manager.hist_file.exists(), In[-2])",
     )
     run(nb, kernel_env(cluster, tmp_path))
     cells = nb.cells
@@ -82,6 +87,8 @@ def test_rich_output_errors_sessions_and_push_pull(cluster, tmp_path):
     assert stdout(cells[10]) == "session keep ended\n"
     (err,) = outputs(cells[11], "error")
     assert "NameError" in strip_ansi("\n".join(err.traceback))
+    assert outputs(cells[13], "execute_result")[0].data["text/plain"] == "42"
+    assert outputs(cells[14], "execute_result")[0].data["text/plain"] == "(False, '_ + 1')"
 
 
 def test_interrupt_stops_a_busy_cell_and_the_session_stays_usable(cluster, conn, tmp_path):
