@@ -169,8 +169,11 @@ class Pipeline:
                 task.fenced = True
                 reason = task.cancel_reason or "its worker's lease ran out"
                 outcome = RunOutcome("lost", outcome.exit_code, reason)
+            # A call or a cell a second is no news in the worker's log (nor in the
+            # control plane's); the rest is.
+            quiet = task.assignment.spec.kind in (c.JobKind.function, c.JobKind.cell)
             log.log(
-                logging.DEBUG if task.assignment.spec.function else logging.INFO,
+                logging.DEBUG if quiet else logging.INFO,
                 "task %s ended: %s%s",
                 task.id,
                 outcome.state,
