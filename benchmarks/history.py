@@ -1,5 +1,7 @@
 """A warm ``.run`` with a long history: the round trip with ``--jobs`` finished
-function jobs in the store, against the same call on an empty store, in one run.
+function jobs in the store, against the same call on an empty store, in one run;
+and the listing of the newest finished jobs that the sidebar and ``gpulayer jobs``
+make.
 
 A control plane is never cleaned up by default (retention is off), and every
 ``.run`` is a job, so a store that has served a notebook for a while holds
@@ -38,6 +40,9 @@ sys.path.insert(0, str(HERE))
 from functions import compile_tree  # noqa: E402  (a script beside this one)
 
 DEFAULT_OUT = HERE / "results" / "history.json"
+#: ``GET jobs?state=succeeded&limit=50`` (the newest 50 finished jobs, as the
+#: sidebar and ``gpulayer jobs`` ask) this many times after the calls.
+LISTINGS = 20
 
 
 def _child(data_dir: Path, calls: int, warmup: int) -> None:
@@ -54,7 +59,12 @@ def _child(data_dir: Path, calls: int, warmup: int) -> None:
             if f.run(i) != i + 1:
                 raise RuntimeError("wrong answer")
             times.append(time.perf_counter() - t)
-    print("RESULT " + json.dumps(times))
+        listing = []
+        for _ in range(LISTINGS):
+            t = time.perf_counter()
+            conn.jobs(state="succeeded", limit=50)
+            listing.append(time.perf_counter() - t)
+    print("RESULT " + json.dumps({"run": times, "listing": listing}))
 
 
 def _spawn(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -129,6 +139,7 @@ def main() -> int:
         compile_tree(tree)
     oldest = trees.get("baseline", HERE.parent)
     samples: dict[str, list[float]] = {}
+    listings: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="gl-history-") as tmp:
         empty, full = Path(tmp, "empty"), Path(tmp, "full")
         make_history(oldest, empty, 1)
@@ -146,12 +157,15 @@ def main() -> int:
                     )
                     if not line:
                         raise RuntimeError(f"{name}, {label}: {done.stderr[-2000:]}")
-                    samples.setdefault(f"{name}, {label}", []).extend(json.loads(line[7:]))
+                    got = json.loads(line[7:])
+                    samples.setdefault(f"{name}, {label}", []).extend(got["run"])
+                    listings.setdefault(f"{name}, {label}", []).extend(got["listing"])
                     print(f"{name}, {label}: done", file=sys.stderr)
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
         "load": os.getloadavg()[0], "jobs": args.jobs, "calls": args.calls,
         "rounds": args.rounds, "runs": {k: summary(v) for k, v in samples.items()},
+        "listing": {k: summary(v) for k, v in listings.items()},
     }  # fmt: skip
     lines = [
         "# A warm `.run` with a long history",
@@ -160,11 +174,12 @@ def main() -> int:
         f" (load {result['load']:.1f}, {result['date']}): {args.rounds} rounds of"
         f" {args.calls} calls after {args.warmup} warm-up calls, each in a fresh interpreter.",
         "",
-        "| tree, store | p50 (ms) | p90 (ms) | p99 (ms) |",
-        "|---|---:|---:|---:|",
+        "| tree, store | `.run` p50 (ms) | p90 (ms) | p99 (ms) | newest 50 succeeded p50 (ms) |",
+        "|---|---:|---:|---:|---:|",
     ]
     for name, s in result["runs"].items():
-        lines.append(f"| {name} | {s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} |")
+        listed = result["listing"][name]["p50_ms"]
+        lines.append(f"| {name} | {s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} | {listed} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     text = "\n".join(lines) + "\n"

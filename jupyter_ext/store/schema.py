@@ -252,12 +252,18 @@ _SCHEMA_V13 = """
 ALTER TABLE tasks ADD COLUMN environment TEXT;
 """
 
-# v14: the active tasks by state. Placement reads what the active tasks hold at every
-# submit, and the sweep looks for running tasks whose lease ran out; without this
-# index both scanned every task ever run (7 ms a submit with 100,000 in the store,
-# benchmarks/results/history.md).
+# v14 (docs/adr/0140): the active tasks by state. Placement reads what the active
+# tasks hold at every submit, and the sweep looks for running tasks whose lease ran
+# out; without this index both scanned every task ever run (7 ms a submit with
+# 100,000 in the store, benchmarks/results/history.md). And jobs listed newest first
+# by state, by owner, or both (the sidebar, `gpulayer jobs`, a submitter's quota
+# count), which sorted or scanned every job of that state: 60 ms on the event loop
+# for the newest 50 succeeded jobs of 100,000.
 _SCHEMA_V14 = """
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, lease_expires);
+CREATE INDEX IF NOT EXISTS jobs_by_state_seq ON jobs (state, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_owner_state ON jobs (owner, state, seq);
 """
 
 #: Index n holds the script that moves a database from version n to n + 1.
