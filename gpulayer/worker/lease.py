@@ -71,8 +71,17 @@ class Lease:
         return self._clock()
 
     def renewed(self, sent_at: float) -> None:
-        """The control plane answered a heartbeat (or registration) sent at ``sent_at``."""
+        """The control plane answered a heartbeat (or registration) sent at ``sent_at``.
+
+        An answer that took so long that the lease it renewed would already be
+        stopped (a heartbeat sent as the network went down, answered once it came
+        back) renews nothing: a lapsed lease stays lapsed until an answer to a
+        newer request. Taking it would end the lapse only for the next check to
+        find it lapsed again, and stop a task that started in between."""
         if self.renewed_at is not None and sent_at <= self.renewed_at:
+            return
+        stale = sent_at + self.lease_seconds - self._margin <= self._clock()
+        if stale and self.lapsed:
             return
         self.renewed_at = sent_at
         self.lapsed = False
