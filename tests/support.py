@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class Clock:
+    """Time as the test says: ``clock.now += 5`` moves it."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def until(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
     """Poll ``check`` until it returns something truthy, and return that; fail the
     test after ``timeout`` s. ``check`` runs at least once, and once more at the end."""

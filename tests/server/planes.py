@@ -12,15 +12,7 @@ from jupyter_ext.control_plane import ControlPlane
 from jupyter_ext.store import Store
 from jupyter_ext.streams import Notifier
 
-
-class Clock:
-    """Time as the test says: ``clock.now += 5`` moves it."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..support import Clock
 
 
 @contextlib.asynccontextmanager

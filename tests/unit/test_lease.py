@@ -4,13 +4,7 @@ import asyncio
 
 from gpulayer.worker.lease import Lease
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from ..support import Clock
 
 
 def test_a_late_answer_to_an_old_heartbeat_does_not_end_a_lapse() -> None:
@@ -22,17 +16,17 @@ def test_a_late_answer_to_an_old_heartbeat_does_not_end_a_lapse() -> None:
     lease = Lease(heartbeat_seconds=0.5, lease_seconds=5.0, clock=clock)
 
     async def run() -> None:
-        lease.renewed(clock.t)  # stop_at = t + 4
-        sent = clock.t + 0.5  # the heartbeat in flight when the network went down
-        clock.t += 4.1
+        lease.renewed(clock.now)  # stop_at = t + 4
+        sent = clock.now + 0.5  # the heartbeat in flight when the network went down
+        clock.now += 4.1
         await asyncio.wait_for(lease.lapse(), 1)
         assert lease.lapsed and lease.overdue()
-        clock.t += 9.0  # the network comes back: the old heartbeat is answered now
+        clock.now += 9.0  # the network comes back: the old heartbeat is answered now
         waiting = asyncio.ensure_future(lease.renewal())
         lease.renewed(sent)
         await asyncio.sleep(0)
         assert lease.lapsed and not waiting.done()  # still lapsed: register again
-        lease.renewed(clock.t - 0.01)  # the registration's answer
+        lease.renewed(clock.now - 0.01)  # the registration's answer
         await asyncio.wait_for(waiting, 1)
         assert not lease.lapsed and not lease.overdue()
 
@@ -44,11 +38,11 @@ def test_an_answer_in_time_renews_and_a_lapse_follows_silence() -> None:
     lease = Lease(heartbeat_seconds=0.5, lease_seconds=5.0, clock=clock)
 
     async def run() -> None:
-        lease.renewed(clock.t)
-        clock.t += 3.0
-        lease.renewed(clock.t - 0.1)  # answered in time: stop_at moves on
-        assert lease.stop_at == clock.t - 0.1 + 4.0 and not lease.overdue()
-        clock.t += 4.0
+        lease.renewed(clock.now)
+        clock.now += 3.0
+        lease.renewed(clock.now - 0.1)  # answered in time: stop_at moves on
+        assert lease.stop_at == clock.now - 0.1 + 4.0 and not lease.overdue()
+        clock.now += 4.0
         await asyncio.wait_for(lease.lapse(), 1)
         assert lease.lapsed
 

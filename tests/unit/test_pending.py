@@ -12,6 +12,8 @@ from gpulayer import cli, client, contracts
 from gpulayer.client import cells
 from gpulayer.client.pending import GPU_HINT, WORKER_HINT, PendingNotes, why_queued
 
+from ..support import Clock
+
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 NO_GPU = "local-1: needs 1 × GPU, has no GPUs"
 UNSAT = "unsatisfiable: no registered worker could ever run this job"
@@ -47,16 +49,8 @@ def mock(routes: dict[str, list[contracts.BaseModel]]) -> client.Connection:
     return client.Connection("http://cp/", "gl_t", transport=httpx.MockTransport(handle))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_unsatisfiable_job_is_explained_at_once_with_what_to_do() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     notes = PendingNotes(clock=clock)
     line = notes.note(stuck())
     assert line == f"job j1 cannot start: {UNSAT} ({NO_GPU}); {GPU_HINT}"
@@ -68,7 +62,7 @@ def test_an_unsatisfiable_job_is_explained_at_once_with_what_to_do() -> None:
 
 
 def test_a_waiting_job_is_explained_after_two_seconds_and_again_when_it_changes() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     notes = PendingNotes(clock=clock)
     busy = job(pending_reasons=["local-1: all 4 task slots busy"])
     assert notes.note(busy) is None
