@@ -55,6 +55,14 @@ def compile_tree(root: Path) -> None:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / package)], check=True)
 
 
+def write_results(out: Path, result: dict[str, Any], text: str) -> None:
+    """``result`` as ``out`` (JSON) and ``text`` as its ``.md`` beside it; print ``text``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def plus_one(x: int) -> int:
     return x + 1
 

@@ -37,7 +37,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from functions import compile_tree  # noqa: E402  (a script beside this one)
+from functions import compile_tree, write_results  # noqa: E402  (a script beside this one)
 
 DEFAULT_OUT = HERE / "results" / "history.json"
 #: ``GET jobs?state=succeeded&limit=50`` (the newest 50 finished jobs, as the
@@ -78,12 +78,10 @@ def _copies(conn: sqlite3.Connection, table: str, renamed: dict[str, str]) -> st
     columns in ``renamed`` set from parameters (``:name``) and ``seq`` left to SQLite."""
     cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "seq"]
     values = [f":{renamed[c]}" if c in renamed else c for c in cols]
+    key = "id" if table == "jobs" else "job_id"
     return (
         f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(values)}"
-        f" FROM {table} WHERE job_id = :src_job"
-        if table != "jobs"
-        else f"INSERT INTO jobs ({', '.join(cols)}) SELECT {', '.join(values)}"
-        " FROM jobs WHERE id = :src_job"
+        f" FROM {table} WHERE {key} = :src_job"
     )
 
 
@@ -180,11 +178,7 @@ def main() -> int:
     for name, s in result["runs"].items():
         listed = result["listing"][name]["p50_ms"]
         lines.append(f"| {name} | {s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} | {listed} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    text = "\n".join(lines) + "\n"
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.out, result, "\n".join(lines) + "\n")
     return 0
 
 

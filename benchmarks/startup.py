@@ -27,7 +27,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from functions import compile_tree  # noqa: E402  (a script beside this one)
+from functions import compile_tree, write_results  # noqa: E402  (a script beside this one)
 
 DEFAULT_OUT = HERE / "results" / "startup.json"
 
@@ -87,11 +87,7 @@ def main() -> int:
             lines.append(
                 f"| {name} | {statistics.median(v):.2f} | {min(v):.2f} | {max(v):.2f} | {len(v)} |"
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    summary = "\n".join(lines) + "\n"
-    args.out.with_suffix(".md").write_text(summary)
-    print(summary)
+    write_results(args.out, result, "\n".join(lines) + "\n")
     return 0
 
 

@@ -56,9 +56,11 @@ class Lease:
     @property
     def stop_at(self) -> float | None:
         """When the agent stops its tasks unless the lease is renewed first."""
-        if self.renewed_at is None:
-            return None
-        return self.renewed_at + self.lease_seconds - self._margin
+        return None if self.renewed_at is None else self._stop_after(self.renewed_at)
+
+    def _stop_after(self, sent_at: float) -> float:
+        """``stop_at`` for a lease renewed by an answer to a request sent at ``sent_at``."""
+        return sent_at + self.lease_seconds - self._margin
 
     @property
     def kill_at(self) -> float | None:
@@ -80,8 +82,7 @@ class Lease:
         find it lapsed again, and stop a task that started in between."""
         if self.renewed_at is not None and sent_at <= self.renewed_at:
             return
-        stale = sent_at + self.lease_seconds - self._margin <= self._clock()
-        if stale and self.lapsed:
+        if self.lapsed and self._stop_after(sent_at) <= self._clock():
             return
         self.renewed_at = sent_at
         self.lapsed = False
