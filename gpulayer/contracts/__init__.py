@@ -32,6 +32,7 @@ from .artifacts import Artifact, ArtifactList, ArtifactName, BlobRef
 from .base import (
     API_PREFIX,
     API_VERSION,
+    DEFERRED,
     INLINE_BYTES,
     Accelerator,
     Identifier,
@@ -171,6 +172,7 @@ __all__ = [
     "CLOSE_UNAUTHORIZED",
     "DEFAULT_HEARTBEAT_SECONDS",
     "DEFAULT_LEASE_SECONDS",
+    "DEFERRED",
     "ENDED_INSTANCE_STATES",
     "FRAGMENT",
     "INLINE_BYTES",

@@ -71,16 +71,22 @@ def _optional_duration(value: object) -> float | None:
 OptionalDuration = Annotated[float | None, BeforeValidator(_optional_duration)]
 
 
+#: Models and type adapters build their validators at first use, not at import: each
+#: process uses a few of the ~80 models, and building them all took ~0.1 s of every
+#: control plane's, worker's and client's start (ADR 0141).
+DEFERRED = ConfigDict(defer_build=True)
+
+
 class RequestModel(BaseModel):
     """Base of every request body: unknown fields are an error."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **DEFERRED)
 
 
 class DocumentModel(BaseModel):
     """Base of every answer: tolerant of fields added by newer servers."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", **DEFERRED)
 
 
 #: What no name, label or other text shown to people may hold: C0 and C1 controls

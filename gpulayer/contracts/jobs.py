@@ -161,7 +161,9 @@ class JobSpec(RequestModel):
     function: FunctionCall | None = None
     cell: CellSpec | None = None
     session: SessionSpec | None = None
-    resources: Resources = Resources()
+    resources: Resources = Field(
+        default_factory=Resources, description="what each task needs; default: 1 CPU, no GPU"
+    )
     timeout: OptionalDuration = Field(default=None, description="seconds, or a string like '10m'")
     retries: int = Field(
         default=0, ge=0, le=20, description="extra attempts after a failure or loss"

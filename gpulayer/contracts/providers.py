@@ -22,7 +22,15 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import Field, StringConstraints, field_validator
 
-from .base import API_VERSION, Accelerator, DocumentModel, Name, OptionalDuration, RequestModel
+from .base import (
+    API_VERSION,
+    DEFERRED,
+    Accelerator,
+    DocumentModel,
+    Name,
+    OptionalDuration,
+    RequestModel,
+)
 
 GIB = 1024**3
 
@@ -227,8 +235,8 @@ class SlurmConfig(_Common):
 
 
 ProviderConfig = Annotated[SimulatedConfig | LocalConfig | SlurmConfig, Field(discriminator="kind")]
-_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ProviderConfig)
-_NAME: pydantic.TypeAdapter[str] = pydantic.TypeAdapter(ProviderName)
+_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ProviderConfig, config=DEFERRED)
+_NAME: pydantic.TypeAdapter[str] = pydantic.TypeAdapter(ProviderName, config=DEFERRED)
 
 
 class ProviderConfigError(ValueError):

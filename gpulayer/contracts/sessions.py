@@ -26,7 +26,9 @@ class CreateSession(RequestModel):
 
     api_version: Literal["gpulayer.dev/v1alpha1"] = API_VERSION
     name: Name
-    resources: Resources = Resources()
+    resources: Resources = Field(
+        default_factory=Resources, description="what each task needs; default: 1 CPU, no GPU"
+    )
     idle_timeout: OptionalDuration = Field(default=None, description="seconds or '30m'")
     env: dict[EnvName, str] = {}
     labels: dict[LabelKey, LabelValue] = {}

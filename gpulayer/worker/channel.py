@@ -36,7 +36,8 @@ PING_SECONDS = 20.0
 OPEN_TIMEOUT_SECONDS = 10.0
 
 _Incoming = pydantic.TypeAdapter(
-    Annotated[c.ChannelPush | c.ChannelAnswer, pydantic.Field(discriminator="type")]
+    Annotated[c.ChannelPush | c.ChannelAnswer, pydantic.Field(discriminator="type")],
+    config=c.DEFERRED,
 )
 
 

@@ -224,6 +224,7 @@ export interface IJobSpec {
   function: IFunctionCall | null;
   cell: ICellSpec | null;
   session: ISessionSpec | null;
+  /** what each task needs; default: 1 CPU, no GPU */
   resources: IResources;
   /** seconds, or a string like '10m' */
   timeout: number | null;
