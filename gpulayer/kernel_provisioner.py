@@ -50,7 +50,8 @@ from gpulayer.client import config
 from gpulayer.client.connection import Connection
 from gpulayer.client.pending import PendingNotes
 from gpulayer.errors import GpulayerError
-from gpulayer.kernel_relay import ProxyEnd, nodelay
+from gpulayer.kernel_relay import ProxyEnd
+from gpulayer.sockets import nodelay
 
 #: How often a queued kernel's job is read while it waits.
 _POLL_SECONDS = 0.5

@@ -42,7 +42,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -147,14 +146,6 @@ def split(msg: list[bytes]) -> tuple[list[bytes], bytes, list[bytes]] | None:
 def wire(signer: Signer, identities: list[bytes], parts: list[bytes]) -> list[bytes]:
     """A wire message: identities, delimiter, signature, parts."""
     return [*identities, DELIM, signer.sign(parts), *parts]
-
-
-def nodelay(ws: Any) -> None:
-    """Small frames go out at once on a WebSocket (no Nagle wait for an ACK)."""
-    sock = ws.transport.get_extra_info("socket") if ws.transport is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def zmq_url(transport: str, ip: str, port: int) -> str:

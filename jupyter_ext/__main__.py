@@ -2,12 +2,15 @@
 
 import sys
 
-# jsonschema (through jupyter_events) builds a Lark grammar for its optional "iri"
-# format checker when rfc3987-syntax is installed: 1.4 s of a 3.5 s start on a
-# small machine. No gpulayer or Jupyter schema uses that format, so the headless
-# control plane goes without it (benchmarks/results/functions.md).
+# jsonschema (through jupyter_events) loads a checker for each optional string
+# format whose library is installed. No gpulayer or Jupyter event schema uses a
+# format, and three of them are costly: rfc3987-syntax builds a Lark grammar for
+# "iri" (1.4 s of a 3.5 s start on a small machine); isoduration ("duration", with
+# arrow and dateutil) and rfc3986-validator ("uri") take ~0.05 s more (ADR 0141).
+# The headless control plane goes without them; only jsonschema imports these three.
 # (A None entry in sys.modules makes that import fail; typeshed allows only modules.)
-sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+for _unused in ("rfc3987_syntax", "isoduration", "rfc3986_validator"):
+    sys.modules.setdefault(_unused, None)  # type: ignore[arg-type]
 
 from .app import main  # noqa: E402
 

@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from gpulayer import contracts as c
 from gpulayer.contracts.channel import Method
-from gpulayer.kernel_relay import nodelay
+from gpulayer.sockets import nodelay
 
 log = logging.getLogger(__name__)
 

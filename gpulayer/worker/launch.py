@@ -29,6 +29,7 @@ import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpulayer import contracts as c
 from gpulayer.errors import GpulayerError
@@ -40,10 +41,12 @@ from gpulayer.worker.kernels import KernelHost, session_key
 from gpulayer.worker.network import Network
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.record import TaskRecord
-from gpulayer.worker.relayed_kernels import RelayedKernelRun, RelayOpener
 from gpulayer.worker.runs import Run
 from gpulayer.worker.torchrun import GangRun
 from gpulayer.worker.workspace import ControlPlaneAddress, TaskDir, task_env, task_vars
+
+if TYPE_CHECKING:  # at run time imported by the first relay session: it loads ZMQ (ADR 0141)
+    from gpulayer.worker.relayed_kernels import RelayOpener
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class Launcher:
         network: Callable[[], Network] | None = None,
         envs: EnvCache | None = None,
         report_env: EnvReport | None = None,
-        open_relay: RelayOpener | None = None,
+        open_relay: "RelayOpener | None" = None,
     ) -> None:
         self._open_relay = open_relay
         self._envs = envs
@@ -244,6 +247,8 @@ class Launcher:
             env = _own_packages(env, site)
             if self._open_relay is None:
                 raise GpulayerError("this worker cannot relay kernels (no control plane address)")
+            from gpulayer.worker.relayed_kernels import RelayedKernelRun
+
             return RelayedKernelRun(self._kernels, a, env=env, cwd=folder.work,
                                     on_line=task.logs.add, open_relay=self._open_relay)  # fmt: skip
         if a.spec.session is not None:

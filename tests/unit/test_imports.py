@@ -80,3 +80,29 @@ def test_the_helpers_a_remote_kernel_calls_load_no_http_client() -> None:
     loaded, _ = imported_by("gpulayer.variables")
     assert tops(loaded).isdisjoint({"httpx", "IPython", "torch"})
     assert "gpulayer.client" not in loaded
+
+
+def test_a_worker_loads_zmq_only_when_it_relays_a_kernel() -> None:
+    loaded, _ = imported_by("gpulayer.worker.agent")
+    assert "zmq" not in loaded, "ZMQ costs every worker's start ~20 ms (ADR 0141)"
+    loaded, _ = imported_by("gpulayer.worker.relayed_kernels")
+    assert "zmq" in loaded
+
+
+def test_the_command_line_goes_without_httpx_own_command_line() -> None:
+    probe = (
+        "import json, sys\n"
+        "sys.argv = ['gpulayer', '--version']\n"
+        "from gpulayer.__main__ import main\n"
+        "code = main()\n"
+        "print(json.dumps({'code': code, 'httpx': 'httpx' in sys.modules,"
+        " 'cli': sys.modules.get('httpx._main') is not None,"
+        " 'main': callable(sys.modules['httpx'].main)}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("gpulayer ")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"code": 0, "httpx": True, "cli": False, "main": True}
