@@ -96,7 +96,7 @@ def test_the_command_line_goes_without_httpx_own_command_line() -> None:
         "from gpulayer.__main__ import main\n"
         "code = main()\n"
         "print(json.dumps({'code': code, 'httpx': 'httpx' in sys.modules,"
-        " 'cli': sys.modules.get('httpx._main') is not None,"
+        " 'cli': sys.modules.get('httpx._main', 'absent'), 'click': 'click' in sys.modules,"
         " 'main': callable(sys.modules['httpx'].main)}))\n"
     )
     proc = subprocess.run(
@@ -105,4 +105,4 @@ def test_the_command_line_goes_without_httpx_own_command_line() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("gpulayer ")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"code": 0, "httpx": True, "cli": False, "main": True}
+    assert result == {"code": 0, "httpx": True, "cli": None, "click": False, "main": True}
