@@ -101,8 +101,12 @@ class Kernel:
         # IPython's history stays in memory (In, Out, _, %history within the
         # kernel's life): written to its SQLite file it cost ~0.7 ms a cell, and
         # would leave every cell's code in the HOME of the worker or its task user.
+        # No 0.5 ms sleep before each execute_reply (ipykernel's `_execute_sleep`, a
+        # guard for clients that stop reading output at the reply; ipyparallel's
+        # engines go without it too): the worker reads iopub to the request's `idle`,
+        # which comes after every output of the cell (ADR 0142).
         argv = [interpreter(self.env), "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                "--HistoryManager.enabled=False"]  # fmt: skip
+                "--HistoryManager.enabled=False", "--IPythonKernel._execute_sleep=0"]  # fmt: skip
         spec = KernelSpec(
             argv=argv,
             display_name="gpulayer",

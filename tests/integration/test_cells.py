@@ -60,6 +60,10 @@ def test_rich_output_errors_sessions_and_push_pull(cluster, tmp_path):
         "%%gpulayer --session keep\n40 + 1",
         "%%gpulayer --session keep\n_ + 1",
         "%%gpulayer --session keep\n(get_ipython().history_manager.hist_file.exists(), In[-2])",
+        # 15: output written at the very end of a cell, unflushed, all arrives although
+        # the kernel no longer sleeps 0.5 ms before its reply (ADR 0142)
+        "%%gpulayer --session keep\nimport sys\nfor i in range(300):\n    print(i, end=' ')\n"
+        "sys.stderr.write('last')\nget_ipython().kernel._execute_sleep",
     )
     run(nb, kernel_env(cluster, tmp_path))
     cells = nb.cells
@@ -89,6 +93,9 @@ def test_rich_output_errors_sessions_and_push_pull(cluster, tmp_path):
     assert "NameError" in strip_ansi("\n".join(err.traceback))
     assert outputs(cells[13], "execute_result")[0].data["text/plain"] == "42"
     assert outputs(cells[14], "execute_result")[0].data["text/plain"] == "(False, '_ + 1')"
+    assert stdout(cells[15]) == "".join(f"{i} " for i in range(300))
+    assert [o.text for o in outputs(cells[15], "stream") if o.name == "stderr"] == ["last"]
+    assert outputs(cells[15], "execute_result")[0].data["text/plain"] == "0.0"
 
 
 def test_interrupt_stops_a_busy_cell_and_the_session_stays_usable(cluster, conn, tmp_path):
