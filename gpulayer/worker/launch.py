@@ -120,8 +120,13 @@ class Launcher:
             where = _gpus(a.gpu_indices)
             started = f"started on {self._name} ({where})"
             task.logs.add(c.LogStream.system, started, _now(), hold=True)
-        # Without a bundle the folder is handed over as it is made: one hand-off.
-        folder = await task.make_dir(self._tasks_root, hand_over=a.spec.bundle is None)
+        # Without a bundle the folder is handed over as it is made: one hand-off. A call
+        # in a warm runner uses its runner's HOME and TMPDIR: no home/ or tmp/ here.
+        folder = await task.make_dir(
+            self._tasks_root,
+            hand_over=a.spec.bundle is None,
+            own_home=fn is None or a.gang is not None,
+        )
         if a.spec.bundle is not None:
             bundle: bytes | Path = (
                 await self._blob_file(a.spec.bundle)

@@ -121,13 +121,15 @@ class TaskRecord:
             return fn()
         return await asyncio.to_thread(fn)
 
-    async def make_dir(self, tasks_root: Path, *, hand_over: bool = False) -> TaskDir:
+    async def make_dir(
+        self, tasks_root: Path, *, hand_over: bool = False, own_home: bool = True
+    ) -> TaskDir:
         """Create the task's fresh folder under ``tasks_root`` and keep it; with
         ``hand_over``, give it to the task user in the same hand-off (when the worker
-        puts nothing in it first)."""
+        puts nothing in it first); ``own_home``: see :meth:`TaskDir.create`."""
 
         def make() -> TaskDir:
-            folder = TaskDir.create(tasks_root, self.id)
+            folder = TaskDir.create(tasks_root, self.id, own_home=own_home)
             if hand_over:
                 folder.hand_over()
             return folder

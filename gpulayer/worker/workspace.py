@@ -74,16 +74,18 @@ class TaskDir:
         self.tmp = root / "tmp"
 
     @classmethod
-    def create(cls, tasks_root: Path, task_id: str) -> "TaskDir":
+    def create(cls, tasks_root: Path, task_id: str, *, own_home: bool = True) -> "TaskDir":
         """Make a fresh, empty task directory, the worker's until :meth:`hand_over`
-        (blocking: call it in a thread)."""
+        (blocking: call it in a thread). ``own_home=False`` leaves out ``home/`` and
+        ``tmp/`` for a task whose process has its own already (a call in a warm
+        runner): each folder made and removed costs ~0.1 ms of CPU on ext4."""
         task_dir = cls(Path(tasks_root).absolute() / task_id)
         if task_dir.root.exists():
             shutil.rmtree(task_dir.root)
         task_dir.root.mkdir(mode=0o700, parents=True)
         task_dir.work.mkdir(mode=0o700)
         task_dir.artifacts.mkdir(mode=0o700)
-        if task_user() is not None:
+        if own_home and task_user() is not None:
             task_dir.home.mkdir(mode=0o700)
             task_dir.tmp.mkdir(mode=0o700)
         return task_dir
@@ -130,7 +132,7 @@ class TaskDir:
 
     def remove(self) -> None:
         """Delete the task directory and everything in it (blocking); an empty one
-        (the usual function call) costs three ``rmdir``."""
+        (the usual function call) costs three ``rmdir``, with or without a task user."""
         try:
             for d in (self.work, self.artifacts, self.home, self.tmp, self.root):
                 try:

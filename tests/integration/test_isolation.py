@@ -70,6 +70,29 @@ def test_a_job_of_a_root_worker_runs_unprivileged_and_cannot_read_the_control_pl
     assert not seen["home"].startswith(str(cluster.data_dir))  # a HOME of its own, outside
 
 
+def _folder_and_home() -> tuple[list[str], str, bool]:
+    """What a task sees: its folder's entries, its HOME, and whether HOME is writable."""
+    folder = Path.cwd().parent
+    home = os.environ["HOME"]
+    Path(home, "probe").write_text("x")
+    return sorted(os.listdir(folder)), home, os.access(home, os.W_OK)
+
+
+@ROOT_ONLY
+def test_a_call_uses_its_runners_home_and_a_command_gets_one_in_its_folder(cluster, conn):
+    entries, home, writable = gl.remote(_folder_and_home, connection=conn).run()
+    # A call's folder holds only its cwd and artifacts: the warm runner has its HOME.
+    assert entries == ["artifacts", "work"]
+    assert writable and Path(home).parent.name.startswith("runner-"), home
+    probe = "import os,sys; print(sorted(os.listdir('..')), os.environ['HOME'])"
+    job = gl.submit([PY, "-c", probe], connection=conn)
+    job.wait(timeout=60)
+    assert job.state == "succeeded", job.logs()
+    line = job.logs()[-1]
+    assert line.startswith("['artifacts', 'home', 'tmp', 'work'] "), line
+    assert line.split()[-1].endswith("/home")
+
+
 @ROOT_ONLY
 def test_a_task_cannot_read_another_local_users_task_folder(cluster, conn, fresh_cluster):
     other = fresh_cluster(workers=1, task_user="nobody")  # another user's worker and tasks
