@@ -28,7 +28,6 @@ Results go to ``benchmarks/results/burst.json`` and ``burst.md``.
 """
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from commands import _burst_result, _progress, _Submitter, machine
+from functions import write_results
 
 from gpulayer import contracts
 from gpulayer.cli.cluster import LocalCluster
@@ -275,11 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         if args.queued:
             result["queue"] = queue_length(Path(tmp, "queue"), args.queued, args.server_arg)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    summary = render(result)
-    args.out.with_suffix(".md").write_text(summary)
-    print(summary)
+    write_results(args.out, result, render(result), default=str)
     return 0
 
 

@@ -26,7 +26,6 @@ measures and reports, never asserts. Run it as::
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import re
@@ -37,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from functions import write_results  # a script beside this one
 
 import gpulayer as gl
 from gpulayer.cli.cluster import LocalCluster
@@ -187,9 +188,7 @@ def main() -> None:
         "stats": {k: _stats(v) for k, v in samples.items()},
         "gpulayer_overhead_p50_ms": overhead,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(_markdown(result))
-    print(_markdown(result))
+    write_results(args.out, result, _markdown(result))
 
 
 def _markdown(r: dict[str, Any]) -> str:

@@ -57,6 +57,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from functions import write_results  # a script beside this one
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEMS = ("gpulayer", "ray")
@@ -309,15 +311,14 @@ def main() -> None:
         },
         "results": results,
     }
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    table = _table(results)
-    print(table)
-    args.out.with_suffix(".md").write_text(
+    write_results(
+        args.out,
+        doc,
         "# Environments: gpulayer beside Ray's runtime_env\n\n"
         "`PYTHONPATH=$PWD /work/bench-venv/bin/python benchmarks/environments.py`"
         f" ({args.samples} samples, {args.warmup} warm-up); the machine is shared with"
         " other engineers running tests, so absolute times are noisy.\n\n"
-        f"{table}\n"
+        f"{_table(results)}\n",
     )
 
 

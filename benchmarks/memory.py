@@ -24,7 +24,6 @@ Results go to ``benchmarks/results/memory.json`` and ``memory.md``.
 """
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -32,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from functions import write_results  # a script beside this one
 
 from gpulayer import contracts
 from gpulayer.cli.cluster import LocalCluster
@@ -150,11 +151,7 @@ def main() -> int:
         for i, (name, tree) in enumerate(trees.items()):
             _progress(f"{name}: {args.jobs} jobs")
             result["runs"][name] = measure(Path(tmp, f"run{i}"), args.jobs, args.reads, tree)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    summary = render(result)
-    args.out.with_suffix(".md").write_text(summary)
-    print(summary)
+    write_results(args.out, result, render(result))
     return 0
 
 
