@@ -147,15 +147,28 @@ def verify_for(url: str, fingerprint: str | None) -> ssl.SSLContext | bool:
     return pinned_context(fingerprint)
 
 
-def for_httpx(verify: ssl.SSLContext | bool) -> ssl.SSLContext | bool:
-    """``verify`` (from :func:`verify_for`) as an httpx client takes it: ``True``
-    becomes one context per process with the CA bundle httpx itself loads.
+def for_httpx(verify: ssl.SSLContext | bool, url: str) -> ssl.SSLContext | bool:
+    """``verify`` (from :func:`verify_for`) as an httpx client of ``url`` takes it:
+    ``True`` becomes one context per process with the CA bundle httpx itself loads.
 
     httpx loads that bundle again for every client made with ``verify=True``
     (about 20 ms of CPU): a :class:`~gpulayer.client.Connection`, each start-up
     probe of ``gpulayer up``. A pinned context, or ``False``, is passed as it is.
+
+    An ``http://`` URL uses no TLS, but httpx makes its context when the client is
+    made: loading the bundle for it cost each worker and client of a local cluster
+    ~50 ms of CPU at start. Such a client gets a context that verifies and trusts no
+    certificate, which costs nothing to make and fails closed should it ever meet
+    TLS (gpulayer's clients follow no redirects).
     """
+    if verify is True and url.startswith("http://"):
+        return _trusts_nothing()
     return default_context() if verify is True else verify
+
+
+@functools.cache
+def _trusts_nothing() -> ssl.SSLContext:
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checked, no CA loaded
 
 
 def default_context() -> ssl.SSLContext:

@@ -507,8 +507,8 @@ class LocalCluster:
         assert self._server is not None
         url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
         deadline = time.monotonic() + START_DEADLINE_SECONDS
-        verify = tls.verify_for(self.url, self._fingerprint)
-        with httpx.Client(timeout=httpx.Timeout(2.0), verify=tls.for_httpx(verify)) as http:
+        verify = tls.for_httpx(tls.verify_for(self.url, self._fingerprint), self.url)
+        with httpx.Client(timeout=httpx.Timeout(2.0), verify=verify) as http:
             while True:
                 if self._server.poll() is not None:
                     raise GpulayerError(

@@ -143,7 +143,7 @@ class Connection:
         self._client = httpx.Client(
             timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
             transport=transport,
-            verify=tls.for_httpx(verify),
+            verify=tls.for_httpx(verify, url),
             headers={"Authorization": f"Bearer {token}"},
             follow_redirects=False,
         )

@@ -497,8 +497,8 @@ async def run_agent(
                     installed.append(sig)
                 except (ValueError, RuntimeError, NotImplementedError) as e:  # not the main thread
                     log.debug("cannot handle %s: %s", sig.name, e)
-        verify = tls.verify_for(config.url, config.fingerprint)
-        async with httpx.AsyncClient(timeout=timeout, verify=tls.for_httpx(verify)) as http:
+        verify = tls.for_httpx(tls.verify_for(config.url, config.fingerprint), config.url)
+        async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
             agent = Agent(config, http, fence)
             serving = asyncio.create_task(agent.serve(), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
