@@ -194,8 +194,8 @@ class Kernel:
                 # which costs a future and a poller per message: ~10% of the worker's
                 # CPU per cell (py-spy).
                 frames = await channel.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:  # none yet (Again), or a closed channel: as below
-                pass
+            except (zmq.ZMQError, AttributeError):  # none yet (Again), or a closed
+                pass  # channel (its socket closed, or None once stopped): as before
             else:
                 _, wire = session.feed_identities(frames)
                 msg: dict[str, Any] = session.deserialize(wire)
