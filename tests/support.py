@@ -7,10 +7,12 @@ module is part of the ``tests`` package tree): ``from ..support import until``.
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,6 +35,17 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def fresh_interpreter(code: str) -> tuple[Any, list[str]]:
+    """Run ``code`` in a new interpreter (``python -c``): the JSON its last line of
+    output prints, and every line. A failure is an assertion with its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, f"the probe failed:\n{proc.stderr}"
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]), lines
 
 
 def until(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:

@@ -7,14 +7,14 @@ that model. These tests build each one, and check the import itself stays cheap.
 
 import importlib
 import pkgutil
-import subprocess
-import sys
 
 import pydantic
 import pytest
 
 import gpulayer.contracts as c
 import gpulayer.worker.channel as channel
+
+from ..support import fresh_interpreter
 
 
 def _contract_modules() -> list[object]:
@@ -68,12 +68,10 @@ def test_importing_the_contracts_builds_no_model() -> None:
         "built = sorted(n for n in c.__all__ if isinstance(getattr(c, n), type)"
         " and issubclass(getattr(c, n), pydantic.BaseModel)"
         " and getattr(c, n).__pydantic_complete__)\n"
-        "print(','.join(built))\n"
+        "print(json.dumps(built))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert proc.stdout.strip() == "", f"built at import: {proc.stdout.strip()}"
+    built, _ = fresh_interpreter("import json\n" + probe)
+    assert built == [], f"built at import: {built}"
 
 
 def test_a_deferred_model_still_rejects_bad_input_with_the_field_named() -> None:

@@ -4,11 +4,9 @@ A module that does not import is a failure here, never a skip: a broken import w
 otherwise silence the very rules these tests check.
 """
 
-import json
-import subprocess
-import sys
-
 import pytest
+
+from ..support import fresh_interpreter
 
 HEAVY = ["torch", "IPython", "ipywidgets", "pynvml", "tornado", "jupyter_server", "jupyter_ext"]
 
@@ -23,12 +21,7 @@ print(json.dumps({{"loaded": sorted(sys.modules), "files": {{
 
 def imported_by(*modules: str) -> tuple[set[str], dict[str, str | None]]:
     """Modules in ``sys.modules`` after importing ``modules`` in a fresh interpreter."""
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(modules=list(modules))],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"importing {', '.join(modules)} failed:\n{proc.stderr}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, _ = fresh_interpreter(PROBE.format(modules=list(modules)))
     return set(result["loaded"]), result["files"]
 
 
@@ -99,10 +92,6 @@ def test_the_command_line_goes_without_httpx_own_command_line() -> None:
         " 'cli': sys.modules.get('httpx._main', 'absent'), 'click': 'click' in sys.modules,"
         " 'main': callable(sys.modules['httpx'].main)}))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith("gpulayer ")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, lines = fresh_interpreter(probe)
+    assert lines[0].startswith("gpulayer ")
     assert result == {"code": 0, "httpx": True, "cli": None, "click": False, "main": True}
