@@ -24,7 +24,7 @@ from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.worker.kernels import Kernel, KernelDied, KernelHost, encode, session_key
-from gpulayer.worker.runs import LineCallback, RunOutcome
+from gpulayer.worker.runs import HoldingLineCallback, LineCallback, RunOutcome
 from gpulayer.worker.workspace import read_owned, write_for_task
 
 _INTERRUPT_GRACE_SECONDS = 5.0  # a cancelled session cell gets this long to stop
@@ -34,13 +34,16 @@ _SESSION_CHECK_SECONDS = 1.0  # how often a session's kernel is checked for bein
 class _IopubRelay:
     """Turns kernel messages into the task's ``iopub`` lines."""
 
-    def __init__(self, on_line: LineCallback) -> None:
+    def __init__(self, on_line: HoldingLineCallback) -> None:
         self.on_line = on_line
 
-    def __call__(self, msg: c.KernelMessage) -> None:
+    def __call__(self, msg: c.KernelMessage, *, last: bool = False) -> None:
+        """Relay ``msg``; the ``last`` one (a session cell's ``execute_reply``) is held
+        so that it rides the task's completion: one request fewer per cell, and the
+        client reads the reply with the end (ADR 0143)."""
         now = datetime.now(UTC)
         for text in encode(msg):
-            self.on_line(c.LogStream.iopub, text, now)
+            self.on_line(c.LogStream.iopub, text, now, hold=last)
 
 
 class CellTaskRun:
@@ -54,7 +57,7 @@ class CellTaskRun:
         env: Mapping[str, str],
         cwd: Path,
         scratch: Path,
-        on_line: LineCallback,
+        on_line: HoldingLineCallback,
         push: bytes | None = None,
     ) -> None:
         assert assignment.spec.cell is not None
@@ -180,7 +183,10 @@ class CellTaskRun:
         status = reply.get("status", "error")
         keys = ("status", "execution_count", "ename", "evalue")
         content: dict[str, Any] = {k: reply[k] for k in keys if k in reply}
-        self._relay(c.KernelMessage(msg_type="execute_reply", content=content))
+        # In a session the reply rides the completion, which follows at once; a fresh
+        # kernel's cell ends after its kernel's shutdown: its reply goes now.
+        last = self._cell.session is not None
+        self._relay(c.KernelMessage(msg_type="execute_reply", content=content), last=last)
         if status == "ok":
             return RunOutcome("succeeded", 0, None, result=result)
         what = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}".rstrip(": ")
@@ -200,7 +206,8 @@ class CellTaskRun:
                 },
             )
         )
-        self._relay(c.KernelMessage(msg_type="execute_reply", content={"status": "error"}))
+        reply = c.KernelMessage(msg_type="execute_reply", content={"status": "error"})
+        self._relay(reply, last=self._cell.session is not None)
         return RunOutcome("failed", None, why, retry=False)
 
 

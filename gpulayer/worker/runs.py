@@ -26,6 +26,16 @@ from gpulayer.contracts import LogStream, TaskCompletion
 LineCallback = Callable[[LogStream, str, datetime], None]
 
 
+class HoldingLineCallback(Protocol):
+    """A :data:`LineCallback` that can also ``hold`` a line: let it wait the batch
+    time rather than go at once, so that a task's last line rides its completion
+    (:meth:`gpulayer.worker.logs.LogShipper.add`)."""
+
+    def __call__(
+        self, stream: LogStream, text: str, ts: datetime, /, *, hold: bool = False
+    ) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     """How a run ended, in the terms of :class:`~gpulayer.contracts.TaskCompletion`."""

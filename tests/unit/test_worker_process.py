@@ -5,6 +5,7 @@ does not depend on which async plugin the suite loads.
 """
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,17 @@ import psutil
 import pytest
 
 from gpulayer import bundle
-from gpulayer.contracts import Assignment, JobSpec, LogAck, LogBatch, LogStream
+from gpulayer.contracts import (
+    Assignment,
+    CellSpec,
+    JobKind,
+    JobSpec,
+    LogAck,
+    LogBatch,
+    LogStream,
+)
+from gpulayer.worker.kernel_runs import CellTaskRun
+from gpulayer.worker.kernels import Kernel, KernelHost, session_key
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun
 from gpulayer.worker.runs import RunOutcome
@@ -416,6 +427,44 @@ def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
     rest, server = asyncio.run(scenario())
     assert server.calls == 0
     assert rest is not None and [e.text for e in rest.lines] == ["started on w1"]
+
+
+def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
+    tmp_path: Path,
+) -> None:
+    """A cell in a real session kernel: its first line after a quiet spell is sent at once
+    (first output), its ``execute_reply`` waits for the task's completion to carry
+    it (ADR 0143): one request fewer per cell."""
+
+    async def scenario() -> tuple[list[str], LogBatch | None]:
+        server = PartialServer()
+        # The cell sleeps past batch_seconds: a line that is not held would go at once.
+        shipper = LogShipper("t", server.send, batch_seconds=0.2)
+        runner = asyncio.create_task(shipper.run())
+        source = "print('hi', flush=True); import time; time.sleep(0.6)"
+        spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
+        a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
+        host = KernelHost()
+        kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
+        await kernel.start()
+        try:
+            run = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
+                              on_line=shipper.add)  # fmt: skip
+            outcome = await run.run()
+            assert outcome.state == "succeeded", outcome
+            await asyncio.sleep(0.05)  # the worker's own steps before the completion
+            rest = await shipper.take_rest()
+            shipper.taken(rest, stored=True)
+        finally:
+            shipper.stop()
+            await runner
+            await kernel.shutdown()
+        return server.lines, rest
+
+    sent, rest = asyncio.run(scenario())
+    assert [json.loads(t)["msg_type"] for t in sent] == ["stream"]
+    assert rest is not None
+    assert [json.loads(e.text)["msg_type"] for e in rest.lines] == ["execute_reply"]
 
 
 # ------------------------------------------------------------- the start
