@@ -9,10 +9,13 @@ an older control plane) or with ``GPULAYER_CHANNEL=http``. A call that waits
 results are pushed to the caller over the open socket, with no request to make
 again after each answer.
 
-The client stays synchronous (STYLE.md): a daemon thread reads the socket and
-hands each :class:`~gpulayer.contracts.ChannelAnswer` to the caller waiting for
-its ``id``; callers in several threads may share one channel. Library:
-``websockets``' sync client (docs/adr/0111).
+The client stays synchronous (STYLE.md): the calling thread reads its own answer
+(no thread of ours in between: each hand-off between threads costs a wake-up,
+ADR 0144). Callers in several threads may share one channel: one of them reads
+at a time and hands each :class:`~gpulayer.contracts.ChannelAnswer` to the caller
+waiting for its ``id``; when it has its own, another waiting caller takes over the
+reading. Library: ``websockets``' sync client (docs/adr/0111), whose own thread
+answers pings and closes while nobody reads.
 """
 
 import contextlib
@@ -21,10 +24,10 @@ import logging
 import socket
 import ssl
 import threading
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+import time
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 
 from gpulayer import contracts
@@ -56,11 +59,10 @@ class Channel:
     def __init__(self, ws: ClientConnection) -> None:
         self._ws = ws
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[contracts.ChannelAnswer]] = {}
-        self._lock = threading.Lock()
+        self._answers: dict[int, contracts.ChannelAnswer | None] = {}  # None: not yet
+        self._changed = threading.Condition()  # an answer came, or the reader left
+        self._reading = False  # a caller reads the socket now
         self._closed: str | None = None
-        self._reader = threading.Thread(target=self._read, name="gpulayer-channel", daemon=True)
-        self._reader.start()
 
     @classmethod
     def open(cls, api: str, token: str, *, tls: ssl.SSLContext | bool, timeout: float) -> "Channel":
@@ -97,7 +99,7 @@ class Channel:
     @property
     def closed(self) -> bool:
         """Whether the channel has closed (a new one must be opened)."""
-        return self._closed is not None
+        return self._closed is not None or self._ws.protocol.state is not State.OPEN
 
     def call(self, call: contracts.ChannelCall, timeout: float) -> contracts.ChannelAnswer:
         """Send ``call`` (its ``id`` is set here) and wait up to ``timeout`` s for its answer.
@@ -107,49 +109,78 @@ class Channel:
         ChannelClosed
             If the channel closed (or never answered) first.
         """
-        fut: Future[contracts.ChannelAnswer] = Future()
-        with self._lock:
+        deadline = time.monotonic() + timeout
+        with self._changed:
             if self._closed is not None:
                 raise ChannelClosed(self._closed)
             call.id = next(self._ids)
-            self._pending[call.id] = fut
+            self._answers[call.id] = None
         try:
             self._ws.send(call.model_dump_json(exclude_defaults=True))
-            return fut.result(timeout)
+            return self._answer(call.id, deadline, timeout)
         except ConnectionClosed as e:
-            raise ChannelClosed(f"the channel closed: {e}") from e
-        except FutureTimeout as e:
-            raise ChannelClosed(f"no answer within {timeout:g}s") from e
+            raise ChannelClosed(self._close(f"the channel closed: {e}")) from e
         finally:
-            with self._lock:
-                self._pending.pop(call.id, None)
+            with self._changed:
+                self._answers.pop(call.id, None)
 
-    def _read(self) -> None:
-        why = "the channel closed"
-        try:
-            for message in self._ws:
-                try:
-                    answer = contracts.ChannelAnswer.model_validate_json(message)
-                except ValueError:  # pydantic's ValidationError: not ours to answer
-                    log.debug("ignored a frame that is not a ChannelAnswer")
-                    continue
-                with self._lock:
-                    fut = self._pending.pop(answer.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(answer)
-        except ConnectionClosed as e:
-            why = f"the channel closed: {e}"
-        except Exception as e:  # the reader thread's boundary: every waiter learns it
-            why = f"the channel failed: {type(e).__name__}: {e}"
-        finally:
-            with self._lock:
+    def _answer(self, call_id: int, deadline: float, timeout: float) -> contracts.ChannelAnswer:
+        """Wait for the answer to ``call_id``: read the socket while nobody else does,
+        else wait for the reader to hand it over (or to leave the reading to us)."""
+        while True:
+            with self._changed:
+                while True:
+                    if (got := self._answers.get(call_id)) is not None:
+                        return got
+                    if self._closed is not None:
+                        raise ChannelClosed(self._closed)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ChannelClosed(f"no answer within {timeout:g}s")
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._changed.wait(left)
+            try:
+                if (got := self._read_until(call_id, deadline)) is not None:
+                    return got
+            finally:
+                with self._changed:
+                    self._reading = False
+                    self._changed.notify_all()  # a waiting caller reads on
+
+    def _read_until(self, call_id: int, deadline: float) -> contracts.ChannelAnswer | None:
+        """Read frames, handing each answer to its caller, until ``call_id``'s comes
+        (answers it) or the deadline passes (None; the caller's loop says so)."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                message = self._ws.recv(timeout=left, decode=False)
+            except TimeoutError:
+                return None
+            except ConnectionClosed as e:
+                raise ChannelClosed(self._close(f"the channel closed: {e}")) from e
+            try:
+                answer = contracts.ChannelAnswer.model_validate_json(message)
+            except ValueError:  # pydantic's ValidationError: not ours to answer
+                log.debug("ignored a frame that is not a ChannelAnswer")
+                continue
+            if answer.id == call_id:
+                return answer
+            with self._changed:
+                if answer.id in self._answers:  # else: its caller gave up waiting
+                    self._answers[answer.id] = answer
+                    self._changed.notify_all()
+        return None
+
+    def _close(self, why: str) -> str:
+        """Mark the channel closed (every waiting caller learns ``why``); the reason."""
+        with self._changed:
+            if self._closed is None:
                 self._closed = why
-                waiting, self._pending = list(self._pending.values()), {}
-            for fut in waiting:
-                if not fut.done():
-                    fut.set_exception(ChannelClosed(why))
+            self._changed.notify_all()
+            return self._closed
 
     def close(self) -> None:
         """Close the socket (calls still waiting raise :class:`ChannelClosed`)."""
+        self._close("the channel was closed")
         self._ws.close()
-        self._reader.join(timeout=5.0)

@@ -71,6 +71,46 @@ def test_a_function_call_and_a_map_travel_over_the_channel(conn):
     assert call.logs() == ["doubling 5"]
 
 
+def test_threads_sharing_a_channel_each_get_their_own_answers_while_one_long_polls(conn):
+    """The caller that reads the socket hands the others their answers (ADR 0144): a
+    long poll in one thread holds up no call of another, and no answer is crossed."""
+
+    @gl.remote(connection=conn)
+    def echo(x):
+        return x
+
+    assert echo.run(0) == 0  # the channel is open
+    sleeper = gl.submit("sleep 60", connection=conn)
+    polled: list[float] = []
+
+    def long_poll() -> None:
+        t = time.monotonic()
+        assert conn.wait_any([sleeper.id], 3.0) == []  # held the whole 3 s
+        polled.append(time.monotonic() - t)
+
+    results: dict[int, list[int]] = {}
+
+    def calls(n: int) -> None:
+        results[n] = [echo.run(n * 1000 + i) for i in range(20)]
+
+    try:
+        poller = threading.Thread(target=long_poll)
+        poller.start()
+        time.sleep(0.2)  # the long poll is in flight first
+        callers = [threading.Thread(target=calls, args=(n,)) for n in range(3)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(timeout=60)
+        assert poller.is_alive(), "the quick calls waited for the long poll"
+        poller.join(timeout=30)
+    finally:
+        conn.cancel(sleeper.id)
+    assert results == {n: [n * 1000 + i for i in range(20)] for n in range(3)}
+    assert polled and polled[0] >= 2.5
+    assert conn.channel_open
+
+
 def test_a_command_jobs_logs_are_followed_live(conn):
     job = gl.submit("for i in $(seq 1 30); do echo line $i; sleep 0.02; done", connection=conn)
     lines = [line.text for line in conn.follow_logs(job.id) if line.stream == "stdout"]

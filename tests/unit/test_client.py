@@ -496,3 +496,16 @@ def test_the_channel_mode_comes_from_the_argument_or_gpulayer_channel(monkeypatc
         channel_mode()
     with pytest.raises(errors.ConfigError, match="channel must be one of"):
         client.Connection("http://127.0.0.1:1/", "gl_x", channel="ws")
+
+
+def test_a_channel_answer_reads_as_its_http_response_and_names_its_request():
+    from gpulayer.client.connection import _ChannelResponse
+
+    answer = contracts.ChannelAnswer(id=3, status=201, body='{"id": "j1"}')
+    url = "http://127.0.0.1:9/gpulayer/api/v1/jobs"
+    resp = _ChannelResponse(answer, "POST", url, {"wait": 0.5})
+    assert (resp.status_code, resp.json()) == (201, {"id": "j1"})
+    assert resp.request.method == "POST"
+    assert str(resp.request.url) == url + "?wait=0.5"  # what an error message names
+    empty = _ChannelResponse(contracts.ChannelAnswer(id=4, status=204, body=""), "GET", url, None)
+    assert (empty.status_code, empty.content) == (204, b"")
