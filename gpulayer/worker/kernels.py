@@ -160,52 +160,59 @@ class Kernel:
         """
         kc = self._kc
         msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
-        while True:  # iopub until this request's `idle`: then every output is in
-            msg = await self._next(kc.iopub_channel)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue  # a previous, abandoned request's leftovers
-            kind = msg["msg_type"]
-            if kind == "status" and msg["content"].get("execution_state") == "idle":
-                break
-            if kind in RELAYED:
-                on_message(
-                    c.KernelMessage(
-                        msg_type=kind,
-                        content=msg["content"],
-                        metadata=msg.get("metadata") or {},
-                        transient=msg["content"].pop("transient", None) or {},
+        watch = asyncio.ensure_future(self._watch())
+        try:
+            while True:  # iopub until this request's `idle`: then every output is in
+                msg = await self._next(kc.iopub_channel, watch)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue  # a previous, abandoned request's leftovers
+                kind = msg["msg_type"]
+                if kind == "status" and msg["content"].get("execution_state") == "idle":
+                    break
+                if kind in RELAYED:
+                    on_message(
+                        c.KernelMessage(
+                            msg_type=kind,
+                            content=msg["content"],
+                            metadata=msg.get("metadata") or {},
+                            transient=msg["content"].pop("transient", None) or {},
+                        )
                     )
-                )
-        while True:  # the reply (it may come before or after `idle`)
-            reply = await self._next(kc.shell_channel)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                return dict(reply["content"])
+            while True:  # the reply (it may come before or after `idle`)
+                reply = await self._next(kc.shell_channel, watch)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return dict(reply["content"])
+        finally:
+            watch.cancel()
 
-    async def _next(self, channel: Any) -> dict[str, Any]:
-        """The channel's next message; checks the kernel is alive every half second
-        while none comes."""
-        import zmq
+    async def _watch(self) -> None:
+        """Returns once the kernel process has ended (looked at every half second)."""
+        while await self.alive():
+            await asyncio.sleep(_POLL_SECONDS)
 
+    async def _next(self, channel: Any, watch: "asyncio.Future[None]") -> dict[str, Any]:
+        """The channel's next message; :class:`KernelDied` once ``watch`` sees the
+        kernel gone first.
+
+        One receive per message: zmq's asyncio socket takes a waiting message at
+        once, else its future waits on the socket. jupyter_client's ``get_msg``
+        polls first and arms a timer for its timeout: a poller, a future and a
+        timer per message, ~15% of the worker's CPU per cell (py-spy).
+        """
+        socket = getattr(channel, "socket", None)
+        if socket is None or socket.closed:  # the channel was stopped under the cell
+            await asyncio.shield(watch)
+            raise KernelDied(self._death())
+        frames = socket.recv_multipart()
+        if not frames.done():
+            await asyncio.wait((frames, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not frames.done():
+                frames.cancel()
+                raise KernelDied(self._death())
         session = self._kc.session
-        while True:
-            try:
-                # A message already waiting (a cell's `busy`, `execute_input`, output
-                # and `idle` come together) is taken without jupyter_client's poll,
-                # which costs a future and a poller per message: ~10% of the worker's
-                # CPU per cell (py-spy).
-                frames = await channel.socket.recv_multipart(zmq.NOBLOCK)
-            except (zmq.ZMQError, AttributeError):  # none yet (Again), or a closed
-                pass  # channel (its socket closed, or None once stopped): as before
-            else:
-                _, wire = session.feed_identities(frames)
-                msg: dict[str, Any] = session.deserialize(wire)
-                return msg
-            try:
-                msg = await channel.get_msg(timeout=_POLL_SECONDS)
-                return msg
-            except Exception as e:  # queue.Empty (no message yet), or a closed channel
-                if not await self.alive():
-                    raise KernelDied(self._death()) from e
+        _, wire = session.feed_identities(frames.result())
+        msg: dict[str, Any] = session.deserialize(wire)
+        return msg
 
     def _death(self) -> str:
         proc = getattr(getattr(self._km, "provisioner", None), "process", None)
