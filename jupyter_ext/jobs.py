@@ -214,7 +214,7 @@ class Jobs:
             )
         if not placed:
             await core.store.apply(stmts)
-            self._filed(ids, specs, owner)
+            self._filed(ids, specs, owner, sessions)
         quiet = all(s.kind in (JobKind.function, JobKind.cell) for s in specs)  # calls, cells
         how = "placed" if placed else "queued"
         log.log(
@@ -238,12 +238,19 @@ class Jobs:
             return [await self.get(ids[0], viewer)]
         return await self.by_ids(ids, viewer=viewer)
 
-    def _filed(self, ids: Sequence[str], specs: Sequence[JobSpec], owner: str) -> None:
-        """Keep the parsed specs of jobs just stored; note sessions and cells."""
+    def _filed(
+        self,
+        ids: Sequence[str],
+        specs: Sequence[JobSpec],
+        owner: str,
+        sessions: dict[tuple[str, str], JobRecord] | None,
+    ) -> None:
+        """Keep the parsed specs of jobs just stored; note sessions and cells
+        (``sessions``: as the submit's checks read them)."""
         for job_id, spec in zip(ids, specs, strict=True):
             self._core.remember(job_id, spec)
             if spec.kind in (JobKind.cell, JobKind.session):
-                self._sessions.submitted(job_id, spec, owner)
+                self._sessions.submitted(job_id, spec, owner, sessions)
 
     async def _store_placed(
         self,
@@ -282,7 +289,7 @@ class Jobs:
             start = self.start_at_submit
             assignment = None if start is None else await start(job, spec, task, stmts)
             await core.store.apply(stmts)
-            self._filed([job_id], [spec], owner)
+            self._filed([job_id], [spec], owner, sessions)
             if assignment is not None:
                 core.mailbox.started(w.id, assignment)
         core.instruments.placement_latency.observe(0.0)

@@ -210,7 +210,7 @@ class Secrets:
                 with contextlib.suppress(StorageError):  # said when its task started
                     values.add(await self._sealer.open(r.owner, r.name, r.sealed))
         if spec.in_session:
-            session = (await self._sessions.active()).get((job.owner, spec.in_session))
+            session = await self._sessions.session_of(job_id, (job.owner, spec.in_session))
             if session is not None:
                 values |= (await self.masker(session.id)).values
         made = Masker(values)

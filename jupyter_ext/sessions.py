@@ -41,6 +41,9 @@ class Sessions:
         self._core = core
         self.idle_seconds = core.settings.session_idle_seconds
         self.open_cells: dict[str, Key] = {}  # cell job id (in a session) -> its session
+        # Open cell -> the job id of the session it was submitted to (when it ran then):
+        # its end and its output's masks need no read of every session.
+        self._session_job: dict[str, str] = {}
         self._activity: dict[Key, float] = {}  # session -> last submit or end of a cell
         self._cells_run: dict[str, int] = {}  # session job id -> cells that ended
         # Sessions asked to end whose worker has not confirmed yet: their name is free.
@@ -71,12 +74,17 @@ class Sessions:
     async def recover(self) -> None:
         """Rebuild the in-memory state from the store (after a restart)."""
         now = self._core.clock()
+        sessions: dict[Key, str] = {}
         for r in await self._core.store.active_kernel_jobs():
             spec = self._spec(r)
             if spec.in_session:
                 self.open_cells[r.id] = (r.owner, spec.in_session)
             elif spec.session is not None:
                 self._activity[r.owner, spec.session.name] = now
+                sessions[r.owner, spec.session.name] = r.id
+        for cell, key in self.open_cells.items():
+            if key in sessions:
+                self._session_job[cell] = sessions[key]
 
     async def check(self, specs: Sequence[JobSpec], owner: str) -> dict[Key, JobRecord]:
         """Refuse ``owner``'s sessions whose name it already uses, and its cells in
@@ -116,8 +124,11 @@ class Sessions:
                 )
         return active
 
-    def submitted(self, job_id: str, spec: JobSpec, owner: str) -> None:
-        """Note a new session or cell of ``owner``."""
+    def submitted(
+        self, job_id: str, spec: JobSpec, owner: str, active: dict[Key, JobRecord] | None = None
+    ) -> None:
+        """Note a new session or cell of ``owner`` (``active``: the sessions as its
+        submit's :meth:`check` read them)."""
         now = self._core.clock()
         if spec.session is not None:
             self._activity[owner, spec.session.name] = now
@@ -125,6 +136,18 @@ class Sessions:
             key = (owner, spec.in_session)
             self.open_cells[job_id] = key
             self._activity[key] = now
+            if active is not None and (session := active.get(key)) is not None:
+                self._session_job[job_id] = session.id
+
+    async def session_of(self, cell_job_id: str, key: Key) -> JobRecord | None:
+        """The session a cell of session ``key`` runs in: the one it was submitted to,
+        else the one of that name now."""
+        known = self._session_job.get(cell_job_id)
+        if known is not None:
+            row = await self._core.store.get_job(known)
+            if row is not None:
+                return row
+        return (await self.active()).get(key)
 
     def touch(self, key: Key) -> None:
         """Session ``key`` was used just now (a kernel's client sent a message)."""
@@ -207,6 +230,7 @@ class Sessions:
     def cell_ended(self, job_id: str) -> None:
         """A cell in a session ended: its session was active just now."""
         key = self.open_cells.pop(job_id, None)
+        self._session_job.pop(job_id, None)
         if key is not None:
             self._activity[key] = self._core.clock()
 
@@ -215,11 +239,9 @@ class Sessions:
         self._cells_run.pop(job_id, None)
         self.ending.discard(job_id)
 
-    def count_cell(self, session: Key, active: dict[Key, JobRecord]) -> None:
-        """One more cell of ``session`` ended."""
-        row = active.get(session)
-        if row is not None:
-            self._cells_run[row.id] = self._cells_run.get(row.id, 0) + 1
+    def count_cell(self, session_job_id: str) -> None:
+        """One more cell of the session ``session_job_id`` ended."""
+        self._cells_run[session_job_id] = self._cells_run.get(session_job_id, 0) + 1
 
     async def job_ended(self, job_id: str) -> None:
         """Bookkeeping once a cell or a session may have ended."""
@@ -228,7 +250,12 @@ class Sessions:
             return
         spec = self._spec(row)
         if spec.in_session and job_id in self.open_cells:
-            self.count_cell(self.open_cells[job_id], await self.active())
+            known = self._session_job.get(job_id)
+            if known is None:
+                session = (await self.active()).get(self.open_cells[job_id])
+                known = None if session is None else session.id
+            if known is not None:
+                self.count_cell(known)
             self.cell_ended(job_id)
         elif spec.kind == JobKind.session:
             self.session_ended(job_id)

@@ -80,7 +80,11 @@ class Tasks:
     ) -> LogAck:
         """Store a worker's log batch (lines it already sent are ignored), with the
         values of the job's secrets masked (whatever the worker did)."""
-        task = await self.open_task(reporter, task_id, "logs")
+        return await self._append_logs(await self.open_task(reporter, task_id, "logs"), batch)
+
+    async def _append_logs(self, task: TaskRecord, batch: LogBatch) -> LogAck:
+        """:meth:`append_logs` for ``task`` as :meth:`open_task` just read it."""
+        task_id = task.id
         masker = await self._secrets.masker(task.job_id)
         lines = [
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
@@ -200,10 +204,11 @@ class Tasks:
         core = self._core
         task = await self.current(reporter, task_id)
         if done.logs is not None and not task.ended:  # stored before the end, as a batch
-            await self.append_logs(reporter, task_id, done.logs)
+            await self._append_logs(task, done.logs)
         if done.reason is not None:  # it lands in the job's reason and events
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
+        answer: TaskRecord | None = None  # the task as ended, when known without a read
         if not task.ended:
             job: JobRecord | None = None
             async with core.lock:
@@ -216,6 +221,7 @@ class Tasks:
                     stmts = await self._ending(task, done, now, job)
                     early = await self._early(task, done, now, job)
                     if early is not None:  # the waiting caller has it while this commits
+                        answer = next(t for t in early.tasks if t.id == task_id)
                         core.ending[task.job_id] = early
                         core.notifier.notify(job_key(task.job_id))
                         # A small commit runs on the loop (docs/adr/0139): let the
@@ -238,7 +244,7 @@ class Tasks:
                 await core.store.set_worker_state(task.worker_id, WorkerState.offline)
             core.notify_job(task.job_id)
             await self._placer.schedule()
-        return (await core.task(task_id)).model()
+        return (answer or await core.task(task_id)).model()
 
     async def _fence(self, task: TaskRecord) -> None:
         """Refuse reports on ``task`` unless it is its job's current attempt."""

@@ -33,6 +33,10 @@ def _update(instance_id: str, fields: dict[str, Any]) -> Statement:
 class InstanceQueries(Database):
     """The ``instances``, ``instance_workers`` and ``provider_intents`` tables."""
 
+    #: Whether any worker ever joined from an instance (None: not read yet). Until
+    #: one does, a job's read (every call's answer) skips the spans' join.
+    _instance_workers_seen: bool | None = None
+
     async def create_intent(self, r: InstanceRecord) -> int:
         """Store a new instance and the intent to create it, in one transaction; the
         intent's ``seq``."""
@@ -109,6 +113,7 @@ class InstanceQueries(Database):
 
     async def joined(self, worker_id: str, instance_id: str, name: str, now: float) -> None:
         """Remember that worker ``worker_id`` came from ``instance_id``."""
+        self._instance_workers_seen = True
         await self._write(
             [insert("instance_workers", {"worker_id": worker_id, "instance_id": instance_id,
                                          "worker_name": name, "joined_at": now}, replace=True)]
@@ -131,6 +136,11 @@ class InstanceQueries(Database):
     async def run_spans(self, job_ids: Sequence[str]) -> list[RunSpan]:
         """Each started task of ``job_ids`` that ran on an instance's worker."""
         if not job_ids:
+            return []
+        if self._instance_workers_seen is None:
+            row = await self._one("SELECT 1 FROM instance_workers LIMIT 1", ())
+            self._instance_workers_seen = row is not None
+        if not self._instance_workers_seen:
             return []
         rows = await self._all(
             "SELECT t.job_id, iw.instance_id, t.started_at, t.ended_at, t.gpu_indices,"

@@ -143,6 +143,8 @@ def test_a_session_cell_is_answered_over_the_channel(conn):
     assert conn.channel_open
     second = submit_cell(conn, "print(x + 1)", session="chan")  # the warm kernel kept x
     assert _texts(second) == ["43\n"]
+    # Both counted for the session they ran in (its reply rode each cell's end)
+    until(lambda: conn.session("chan").cells == 2, 30, "the session to count its cells")
     conn.end_session("chan")
 
 
