@@ -57,6 +57,15 @@ BlobFile = Callable[[str], Awaitable[Path]]
 #: ``report(task_id, environment)``: tell the control plane how a task's env is doing.
 EnvReport = Callable[[str, c.TaskEnvironment], Awaitable[None]]
 
+#: Empty call folders kept for an owner's next calls (one per call running at once).
+_SPARES_PER_OWNER = 4
+
+
+def _plain_call(a: c.Assignment) -> bool:
+    """A function call in a warm runner without a bundle: its folder is only its
+    empty cwd and artifacts (no home/, tmp/ or unpacked files)."""
+    return a.spec.function is not None and a.gang is None and a.spec.bundle is None
+
 
 class Launcher:
     """Makes each task's run, over what the worker keeps between tasks: its function
@@ -90,6 +99,21 @@ class Launcher:
         self._blob = blob
         self._blob_file = blob_file
         self._kill_grace_seconds = kill_grace_seconds
+        # Per owner: folders of ended calls that wrote no file, for its next calls.
+        self._spares: dict[str, list[TaskDir]] = {}
+
+    def park(self, task: TaskRecord) -> bool:
+        """Keep the folder of an ended call in a warm runner for its owner's next
+        call, when the call left it empty (blocking: three ``scandir``); False when it
+        is to be removed as usual (ADR 0145)."""
+        a, folder = task.assignment, task.dir
+        if folder is None or not _plain_call(a):
+            return False
+        spares = self._spares.setdefault(a.owner, [])
+        if len(spares) >= _SPARES_PER_OWNER or not folder.left_empty():
+            return False
+        spares.append(folder)
+        return True
 
     def expect(self, assignment: c.Assignment) -> None:
         """Note an assignment as it arrives: cells placed in a session that is
@@ -122,10 +146,12 @@ class Launcher:
             task.logs.add(c.LogStream.system, started, _now(), hold=True)
         # Without a bundle the folder is handed over as it is made: one hand-off. A call
         # in a warm runner uses its runner's HOME and TMPDIR: no home/ or tmp/ here.
+        spares = self._spares.get(a.owner) if _plain_call(a) else None
         folder = await task.make_dir(
             self._tasks_root,
             hand_over=a.spec.bundle is None,
             own_home=fn is None or a.gang is not None,
+            spare=spares.pop() if spares else None,
         )
         if a.spec.bundle is not None:
             bundle: bytes | Path = (

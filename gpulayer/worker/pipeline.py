@@ -182,10 +182,14 @@ class Pipeline:
             if not task.abandoned:
                 await self._deliver(task, outcome)
             if task.dir is not None:
-                # In a thread even for a function call: delivered already, and a few
-                # rmdir take milliseconds on a busy disk, which the loop spends on
+                # An empty call folder waits for its owner's next call (ADR 0145).
+                # Else in a thread even for a function call: delivered already, and a
+                # few rmdir take milliseconds on a busy disk, which the loop spends on
                 # the next assignment meanwhile (py-spy: 44% of the worker's samples).
-                await asyncio.to_thread(task.dir.remove)
+                # Only after a call its runner answered: nothing of it runs on.
+                answered = outcome.state in ("succeeded", "failed") and not task.abandoned
+                if not (answered and self._launcher.park(task)):
+                    await asyncio.to_thread(task.dir.remove)
                 task.dir = None
         except Exception:  # a task boundary: nothing more can be delivered
             log.exception("task %s: result not delivered", task.id)

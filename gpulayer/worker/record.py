@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,13 +123,25 @@ class TaskRecord:
         return await asyncio.to_thread(fn)
 
     async def make_dir(
-        self, tasks_root: Path, *, hand_over: bool = False, own_home: bool = True
+        self,
+        tasks_root: Path,
+        *,
+        hand_over: bool = False,
+        own_home: bool = True,
+        spare: TaskDir | None = None,
     ) -> TaskDir:
         """Create the task's fresh folder under ``tasks_root`` and keep it; with
         ``hand_over``, give it to the task user in the same hand-off (when the worker
-        puts nothing in it first); ``own_home``: see :meth:`TaskDir.create`."""
+        puts nothing in it first); ``own_home``: see :meth:`TaskDir.create`.
+        ``spare``: an empty folder an earlier call of the same owner left, handed
+        over already, taken instead when it can be (:meth:`TaskDir.reuse_as`)."""
 
         def make() -> TaskDir:
+            if spare is not None:
+                try:
+                    return spare.reuse_as(tasks_root, self.id)
+                except OSError:
+                    shutil.rmtree(spare.root, ignore_errors=True)
             folder = TaskDir.create(tasks_root, self.id, own_home=own_home)
             if hand_over:
                 folder.hand_over()

@@ -12,6 +12,7 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import contracts, errors, payload
+from gpulayer.client import Connection
 
 from ..support import until
 
@@ -56,6 +57,44 @@ def test_warm_runner_is_reused_across_calls(rf):
     where = rf(lambda: os.getpid())
     first = where.run()
     assert where.run() == first == where.run()
+
+
+def _cwd_seen(*, write: bool = False, loosen: bool = False) -> tuple[int, int, list[str]]:
+    """A call's cwd as it found it: inode, mode, entries; then maybe leave a file, or
+    open the folder to everyone."""
+    import stat
+
+    st = os.stat(".")
+    seen = sorted(os.listdir("."))
+    if write:
+        with open("left.txt", "w") as f:
+            f.write("x")
+    if loosen:
+        os.chmod(".", 0o777)
+    return st.st_ino, stat.S_IMODE(st.st_mode), seen
+
+
+def test_each_call_starts_in_an_empty_private_folder_never_one_of_another_owner(cluster, conn):
+    # An empty call folder is reused for its owner's next call (ADR 0145).
+    tokens = {}
+    for name in ("ada-folders", "bob-folders"):
+        req = contracts.CreateToken(name=name, role="submitter")
+        tokens[name] = conn.create_token(req).token
+    with (
+        Connection(cluster.url, tokens["ada-folders"]) as ada,
+        Connection(cluster.url, tokens["bob-folders"]) as bob,
+    ):
+        here = gl.remote(_cwd_seen, connection=ada)
+        first, mode, seen = here.run(loosen=True)
+        assert (mode, seen) == (0o700, [])
+        again, mode, seen = here.run(write=True)
+        assert again == first  # the same folder, emptied by nobody: it was empty
+        assert (mode, seen) == (0o700, [])  # private again
+        _, mode, seen = here.run()
+        assert (mode, seen) == (0o700, [])  # the file left: a new folder
+        parked, _, _ = here.run()
+        theirs, mode, seen = gl.remote(_cwd_seen, connection=bob).run()
+        assert theirs != parked and (mode, seen) == (0o700, [])
 
 
 def test_builtin_exception_is_reraised_with_the_remote_line(rf):
