@@ -1,16 +1,17 @@
 """What committed transactions changed, for the read models kept in memory.
 
-Two things the control plane reads on its hot paths are followed in memory
+Three things the control plane reads on its hot paths are followed in memory
 rather than read from SQLite each time: which jobs are ``queued`` (placement,
-the queue-timeout sweep, the per-owner queue quota) and which tokens changed (the
-token cache, docs/adr/0115). Temp triggers (created on the connection at
-:meth:`~jupyter_ext.store.Store.open`, not part of the schema, so no migration)
-call the SQL function ``gl_changed`` for every such row change, whatever wrote
-it. The calls are collected per transaction on aiosqlite's thread
-(:class:`Journal`), kept only when the transaction commits, and applied on the
-event loop right after the hand-off that committed them, before that write
-returns to its caller: after ``await store.apply(...)`` the read models agree
-with the file.
+the queue-timeout sweep, the per-owner queue quota), what the active tasks hold
+(every placement: each submit that may be placed at once, each pass, each
+explanation) and which tokens changed (the token cache, docs/adr/0115). Temp
+triggers (created on the connection at :meth:`~jupyter_ext.store.Store.open`,
+not part of the schema, so no migration) call the SQL function ``gl_changed``
+for every such row change, whatever wrote it. The calls are collected per
+transaction on aiosqlite's thread (:class:`Journal`), kept only when the
+transaction commits, and applied on the event loop right after the hand-off
+that committed them, before that write returns to its caller: after
+``await store.apply(...)`` the read models agree with the file.
 """
 
 import bisect
@@ -21,10 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .records import Hold, gpu_indices
+
 log = logging.getLogger(__name__)
 
 #: Temp triggers calling ``gl_changed``: a job entering, leaving or re-entering the
-#: queue, and any change of a token row.
+#: queue, a task becoming active (``scheduled`` or ``running``), changing while
+#: active or ending, and any change of a token row.
 TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS gl_job_inserted AFTER INSERT ON main.jobs
 WHEN NEW.state = 'queued' BEGIN
@@ -40,6 +44,20 @@ CREATE TEMP TRIGGER IF NOT EXISTS gl_job_deleted AFTER DELETE ON main.jobs
 WHEN OLD.state = 'queued' BEGIN
     SELECT gl_changed('job', OLD.id, NULL, OLD.priority, OLD.seq, OLD.created_at,
                       OLD.updated_at, OLD.owner);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_task_inserted AFTER INSERT ON main.tasks
+WHEN NEW.state IN ('scheduled', 'running') BEGIN
+    SELECT gl_changed('task', NEW.id, NEW.job_id, NEW.worker_id, NEW.gpu_indices, 1);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_task_changed
+AFTER UPDATE OF state, job_id, worker_id, gpu_indices ON main.tasks
+WHEN OLD.state IN ('scheduled', 'running') OR NEW.state IN ('scheduled', 'running') BEGIN
+    SELECT gl_changed('task', NEW.id, NEW.job_id, NEW.worker_id, NEW.gpu_indices,
+                      NEW.state IN ('scheduled', 'running'));
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_task_deleted AFTER DELETE ON main.tasks
+WHEN OLD.state IN ('scheduled', 'running') BEGIN
+    SELECT gl_changed('task', OLD.id, OLD.job_id, OLD.worker_id, OLD.gpu_indices, 0);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_token_updated AFTER UPDATE ON main.tokens BEGIN
     SELECT gl_changed('token', NEW.id,
@@ -131,6 +149,27 @@ class QueuedJobs:
         notify(self._listeners, changes)
 
 
+#: A task whose hold changed: its id and what it holds now (None: it is not active).
+HoldChange = tuple[str, Hold | None]
+
+
+class ActiveHolds:
+    """What every ``scheduled`` or ``running`` task holds (its job, worker and GPUs),
+    by task id, kept in step with the file (see the module docstring): placement
+    reads it without a query over the tasks (benchmarks/scheduler.py)."""
+
+    def __init__(self) -> None:
+        self.by_task: dict[str, Hold] = {}
+
+    def apply(self, changes: list[HoldChange]) -> None:
+        """Apply committed changes, in commit order."""
+        for task_id, hold in changes:
+            if hold is None:
+                self.by_task.pop(task_id, None)
+            else:
+                self.by_task[task_id] = hold
+
+
 class Journal:
     """``gl_changed`` calls of the transaction in progress (on aiosqlite's thread)
     and of the committed ones not yet applied (taken on the event loop)."""
@@ -181,15 +220,21 @@ def notify(listeners: "list[Callable[[Any], None]]", changes: Any) -> None:
 
 def split(
     calls: list[tuple[Any, ...]],
-) -> tuple[list[tuple[str, QueuedRef | None]], list[tuple[str, bool]]]:
-    """Journal calls as queue changes and token changes."""
+) -> tuple[list[tuple[str, QueuedRef | None]], list[tuple[str, bool]], list[HoldChange]]:
+    """Journal calls as queue changes, token changes and hold changes."""
     jobs: list[tuple[str, QueuedRef | None]] = []
     tokens: list[tuple[str, bool]] = []
+    holds: list[HoldChange] = []
     for kind, item_id, *rest in calls:
         if kind == "token":
             tokens.append((item_id, bool(rest[0])))
             continue
+        if kind == "task":
+            job_id, worker_id, gpus, active = rest
+            hold = Hold(job_id, worker_id, gpu_indices(gpus)) if active else None
+            holds.append((item_id, hold))
+            continue
         state, priority, seq, created_at, updated_at, owner = rest
         ref = QueuedRef(item_id, priority, seq, created_at, updated_at, owner)
         jobs.append((item_id, ref if state == "queued" else None))
-    return jobs, tokens
+    return jobs, tokens, holds

@@ -39,8 +39,18 @@ import aiosqlite
 
 from gpulayer.errors import StorageError, storage_error
 
-from .changes import TRIGGERS, Journal, QueuedJobs, QueuedRef, TokenListener, notify, split
+from .changes import (
+    TRIGGERS,
+    ActiveHolds,
+    Journal,
+    QueuedJobs,
+    QueuedRef,
+    TokenListener,
+    notify,
+    split,
+)
 from .commits import Outcome, Unit, commit_group
+from .records import Hold, gpu_indices
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .writes import Statement
 
@@ -76,6 +86,8 @@ class Database:
         self._since_checkpoint = 0  # commits since the WAL was last checkpointed
         #: The queued jobs, followed in memory (``changes.py``).
         self.queued = QueuedJobs()
+        #: What the active tasks hold, followed in memory (``changes.py``).
+        self.active_holds = ActiveHolds()
         self._token_listeners: list[TokenListener] = []
 
     async def open(self: "D") -> "D":
@@ -116,6 +128,14 @@ class Database:
             " WHERE state = 'queued'"
         )
         self.queued.apply([(r["id"], QueuedRef(*r)) for r in rows])
+        rows = await self._all(
+            "SELECT id, job_id, worker_id, gpu_indices FROM tasks"
+            " WHERE state IN ('scheduled', 'running')"
+        )
+        self.active_holds.apply(
+            [(r["id"], Hold(r["job_id"], r["worker_id"], gpu_indices(r["gpu_indices"])))
+             for r in rows]
+        )  # fmt: skip
 
     def on_token_change(self, listener: TokenListener) -> None:
         """Call ``listener`` with the ids of tokens whose rows a committed
@@ -127,9 +147,11 @@ class Database:
         calls = self._journal.take()
         if not calls:
             return
-        jobs, tokens = split(calls)
+        jobs, tokens, holds = split(calls)
         if jobs:
             self.queued.apply(jobs)
+        if holds:
+            self.active_holds.apply(holds)
         if tokens:
             notify(self._token_listeners, tokens)
 

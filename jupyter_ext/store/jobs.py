@@ -14,7 +14,6 @@ from .records import (
     JobRecord,
     ResultRecord,
     TaskRecord,
-    gpu_indices,
 )
 from .writes import insert, set_task_environment
 
@@ -93,11 +92,9 @@ class JobQueries(Database):
         return [TaskRecord.from_row(r) for r in rows]
 
     async def holds(self) -> list[Hold]:
-        """What every active task holds (its worker, its GPUs): placement's lean read."""
-        rows = await self._all(
-            f"SELECT job_id, worker_id, gpu_indices FROM tasks WHERE state IN {_ACTIVE}"
-        )
-        return [Hold(r["job_id"], r["worker_id"], gpu_indices(r["gpu_indices"])) for r in rows]
+        """What every active task holds (its worker, its GPUs): placement's lean read,
+        from memory (``changes.ActiveHolds``, kept in step with every commit)."""
+        return list(self.active_holds.by_task.values())
 
     async def expired_leases(self, now: float) -> list[TaskRecord]:
         """Running tasks whose lease ran out."""

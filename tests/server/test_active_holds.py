@@ -1,0 +1,93 @@
+"""What the active tasks hold, followed in memory (``store/changes.py``): after
+every commit it is what the file says, through placement, start, end, a lease
+that runs out and its retry, a cancel, a rolled-back transaction and a restart."""
+
+import json
+
+import pytest
+
+from gpulayer.contracts import JobState, TaskCompletion
+from gpulayer.errors import Conflict
+from jupyter_ext import transitions
+from jupyter_ext.store import Store
+
+from .planes import plane_on
+from .test_scheduler import as_worker, reg, run, spec
+
+
+async def in_file(store: Store) -> dict[str, tuple[str, str | None, tuple[int, ...]]]:
+    rows = await store._all(
+        "SELECT id, job_id, worker_id, gpu_indices FROM tasks"
+        " WHERE state IN ('scheduled', 'running')"
+    )
+    return {
+        r["id"]: (r["job_id"], r["worker_id"], tuple(json.loads(r["gpu_indices"]))) for r in rows
+    }
+
+
+def in_memory(store: Store) -> dict[str, tuple[str, str | None, tuple[int, ...]]]:
+    return {
+        t: (h.job_id, h.worker_id, h.gpu_indices) for t, h in store.active_holds.by_task.items()
+    }
+
+
+def test_the_holds_placement_reads_are_the_files_after_every_change(tmp_path):
+    async def body():
+        async with plane_on(tmp_path, heartbeat_seconds=1.0, lease_seconds=10.0) as (sched, clock):
+            store = sched.store
+
+            async def same() -> int:
+                assert in_memory(store) == await in_file(store)
+                return len(in_memory(store))
+
+            r = await sched.workers.register(reg("box", gpus=2, slots=3))
+            a = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")
+            b = await sched.jobs.submit(spec(resources={"gpus": 1}, retries=1), "u")
+            c = await sched.jobs.submit(spec(), "u")
+            q = await sched.jobs.submit(spec(resources={"gpus": 1}), "u")  # no GPU left
+            assert await same() == 3  # scheduled
+            got = await sched.workers.acquire(r.worker_id, 0)
+            assert {x.job_id for x in got.assignments} == {a.id, b.id, c.id}
+            assert await same() == 3  # running, the same holds
+            task = {x.job_id: x.task_id for x in got.assignments}
+            done = TaskCompletion(state="succeeded", exit_code=0)
+            await sched.tasks.complete(as_worker(r), task[a.id], done)
+            assert (await sched.jobs.get(q.id)).state == "scheduled"  # a's GPU went to q
+            assert await same() == 3
+            await sched.jobs.cancel(c.id, by="u")
+            await sched.tasks.complete(
+                as_worker(r), task[c.id], TaskCompletion(state="cancelled", exit_code=None)
+            )
+            assert await same() == 2
+            clock.now += 11  # every lease runs out: b is retried, q placed again
+            await sched.leases.sweep()
+            states = [(await sched.jobs.get(j.id)).state for j in (b, q)]
+            assert await same() == states.count("scheduled")
+        # A restart reads the holds from the file.
+        async with plane_on(tmp_path) as (sched, _):
+            store = sched.store
+            assert in_memory(store) == await in_file(store)
+
+    run(body())
+
+
+def test_a_rolled_back_transaction_changes_no_hold(tmp_path):
+    async def body():
+        store = await Store(tmp_path / "gl.db").open()
+        try:
+            s = spec().model_dump_json()
+            await store.apply(transitions.submitted(1.0, "a", s, "ada", 0))
+            job = await store.get_job("a")
+            placed = transitions.placed_on(2.0, job, "t1", "w1", "w1", [0])
+            with pytest.raises(Conflict):  # "a" again: the whole transaction rolls back
+                await store.apply(placed + transitions.submitted(2.0, "a", s, "ada", 0))
+            assert in_memory(store) == {} == await in_file(store)
+            await store.apply(placed)
+            assert in_memory(store) == {"t1": ("a", "w1", (0,))} == await in_file(store)
+            task = await store.get_task("t1")
+            await store.apply(transitions.task_end(3.0, task, JobState.lost, None, "gone"))
+            assert in_memory(store) == {} == await in_file(store)
+        finally:
+            await store.close()
+
+    run(body())
