@@ -2,7 +2,9 @@
 
 Worker registrations change only when a worker registers, so each is parsed into a
 :class:`~jupyter_ext.placement.WorkerView` once and cached by (registration,
-state). Heartbeat readings live in memory, in a bounded window per worker: they
+state), and the whole list is read again only after a commit changed a worker's
+registration, name or state (``Store.workers_generation``), not on every
+placement. Heartbeat readings live in memory, in a bounded window per worker: they
 are for watching a worker now, not history, and are gone after a restart.
 """
 
@@ -23,6 +25,7 @@ class Fleet:
     ) -> None:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
+        self._listed: tuple[int, list[WorkerView]] | None = None  # (generation, views)
         # worker id -> task id -> log lines the worker last said it produced (in
         # memory, replaced by each heartbeat, so bounded by what one heartbeat may
         # list; a restarted control plane learns them again from the next one).
@@ -37,6 +40,9 @@ class Fleet:
 
     async def views(self) -> list[WorkerView]:
         """Every worker, parsed, with its current state."""
+        generation = self.store.workers_generation
+        if self._listed is not None and self._listed[0] == generation:
+            return list(self._listed[1])
         out = []
         for row in await self.store.list_workers():
             key = (row.info_json, row.state)
@@ -44,7 +50,8 @@ class Fleet:
             if cached is None or cached[0] != key:
                 cached = self._views[row.id] = (key, WorkerView.from_record(row))
             out.append(cached[1])
-        return out
+        self._listed = (generation, out)  # a commit meanwhile counted up: read again
+        return list(out)
 
     async def all_names(self) -> dict[str, str]:
         """Every worker's name by id."""
@@ -61,6 +68,7 @@ class Fleet:
     def forget(self, worker_id: str) -> None:
         """Drop what is kept in memory about a worker that was forgotten."""
         self._views.pop(worker_id, None)
+        self._listed = None
         self._telemetry.pop(worker_id, None)
         self._produced.pop(worker_id, None)
         self._envs.pop(worker_id, None)

@@ -1,10 +1,11 @@
 """What committed transactions changed, for the read models kept in memory.
 
-Three things the control plane reads on its hot paths are followed in memory
-rather than read from SQLite each time: which jobs are ``queued`` (placement,
-the queue-timeout sweep, the per-owner queue quota), what the active tasks hold
+What the control plane reads on its hot paths is followed in memory rather than
+read from SQLite each time: which jobs are ``queued`` (placement, the
+queue-timeout sweep, the per-owner queue quota), what the active tasks hold
 (every placement: each submit that may be placed at once, each pass, each
-explanation) and which tokens changed (the token cache, docs/adr/0115). Temp
+explanation), whether a worker's registration or state changed (the fleet's
+views) and which tokens changed (the token cache, docs/adr/0115). Temp
 triggers (created on the connection at :meth:`~jupyter_ext.store.Store.open`,
 not part of the schema, so no migration) call the SQL function ``gl_changed``
 for every such row change, whatever wrote it. The calls are collected per
@@ -28,7 +29,9 @@ log = logging.getLogger(__name__)
 
 #: Temp triggers calling ``gl_changed``: a job entering, leaving or re-entering the
 #: queue, a task becoming active (``scheduled`` or ``running``), changing while
-#: active or ending, and any change of a token row.
+#: active or ending, a worker registered, renamed, re-registered, in another state
+#: or forgotten (not a heartbeat that changes none of them), and any change of a
+#: token row.
 TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS gl_job_inserted AFTER INSERT ON main.jobs
 WHEN NEW.state = 'queued' BEGIN
@@ -58,6 +61,17 @@ END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_task_deleted AFTER DELETE ON main.tasks
 WHEN OLD.state IN ('scheduled', 'running') BEGIN
     SELECT gl_changed('task', OLD.id, OLD.job_id, OLD.worker_id, OLD.gpu_indices, 0);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_worker_inserted AFTER INSERT ON main.workers BEGIN
+    SELECT gl_changed('worker', NEW.id);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_worker_changed AFTER UPDATE ON main.workers
+WHEN OLD.state IS NOT NEW.state OR OLD.info IS NOT NEW.info
+    OR OLD.name IS NOT NEW.name OR OLD.id IS NOT NEW.id BEGIN
+    SELECT gl_changed('worker', NEW.id);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS gl_worker_deleted AFTER DELETE ON main.workers BEGIN
+    SELECT gl_changed('worker', OLD.id);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_token_updated AFTER UPDATE ON main.tokens BEGIN
     SELECT gl_changed('token', NEW.id,
@@ -218,16 +232,28 @@ def notify(listeners: "list[Callable[[Any], None]]", changes: Any) -> None:
             log.exception("a listener of committed changes failed")
 
 
-def split(
-    calls: list[tuple[Any, ...]],
-) -> tuple[list[tuple[str, QueuedRef | None]], list[tuple[str, bool]], list[HoldChange]]:
-    """Journal calls as queue changes, token changes and hold changes."""
+@dataclass
+class Changes:
+    """One batch of committed changes, by read model."""
+
+    jobs: list[tuple[str, QueuedRef | None]]
+    tokens: list[tuple[str, bool]]
+    holds: list[HoldChange]
+    workers: set[str]
+
+
+def split(calls: list[tuple[Any, ...]]) -> Changes:
+    """Journal calls as queue, token, hold and worker changes."""
     jobs: list[tuple[str, QueuedRef | None]] = []
     tokens: list[tuple[str, bool]] = []
     holds: list[HoldChange] = []
+    workers: set[str] = set()
     for kind, item_id, *rest in calls:
         if kind == "token":
             tokens.append((item_id, bool(rest[0])))
+            continue
+        if kind == "worker":
+            workers.add(item_id)
             continue
         if kind == "task":
             job_id, worker_id, gpus, active = rest
@@ -237,4 +263,4 @@ def split(
         state, priority, seq, created_at, updated_at, owner = rest
         ref = QueuedRef(item_id, priority, seq, created_at, updated_at, owner)
         jobs.append((item_id, ref if state == "queued" else None))
-    return jobs, tokens, holds
+    return Changes(jobs, tokens, holds, workers)

@@ -88,6 +88,9 @@ class Database:
         self.queued = QueuedJobs()
         #: What the active tasks hold, followed in memory (``changes.py``).
         self.active_holds = ActiveHolds()
+        #: Counts the commits that registered, renamed, forgot a worker or changed
+        #: its state: views of the fleet built at the same count are current.
+        self.workers_generation = 0
         self._token_listeners: list[TokenListener] = []
 
     async def open(self: "D") -> "D":
@@ -147,13 +150,15 @@ class Database:
         calls = self._journal.take()
         if not calls:
             return
-        jobs, tokens, holds = split(calls)
-        if jobs:
-            self.queued.apply(jobs)
-        if holds:
-            self.active_holds.apply(holds)
-        if tokens:
-            notify(self._token_listeners, tokens)
+        changes = split(calls)
+        if changes.jobs:
+            self.queued.apply(changes.jobs)
+        if changes.holds:
+            self.active_holds.apply(changes.holds)
+        if changes.workers:
+            self.workers_generation += 1
+        if changes.tokens:
+            notify(self._token_listeners, changes.tokens)
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""

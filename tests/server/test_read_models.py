@@ -1,12 +1,13 @@
-"""What the active tasks hold, followed in memory (``store/changes.py``): after
-every commit it is what the file says, through placement, start, end, a lease
-that runs out and its retry, a cancel, a rolled-back transaction and a restart."""
+"""What placement reads, followed in memory (``store/changes.py``): after every
+commit the active tasks' holds are what the file says (placement, start, end, a
+lease that runs out and its retry, a cancel, a rolled-back transaction, a restart),
+and the fleet's views are read again exactly when a worker changed."""
 
 import json
 
 import pytest
 
-from gpulayer.contracts import JobState, TaskCompletion
+from gpulayer.contracts import Heartbeat, JobState, TaskCompletion
 from gpulayer.errors import Conflict
 from jupyter_ext import transitions
 from jupyter_ext.store import Store
@@ -89,5 +90,48 @@ def test_a_rolled_back_transaction_changes_no_hold(tmp_path):
             assert in_memory(store) == {} == await in_file(store)
         finally:
             await store.close()
+
+    run(body())
+
+
+def test_the_fleet_placement_sees_is_read_again_only_when_a_worker_changed(tmp_path):
+    """Placement's worker views come from memory between changes of a worker's
+    registration, name or state, and are what a fresh read says after each."""
+
+    async def body():
+        async with plane_on(tmp_path, heartbeat_seconds=1.0, lease_seconds=10.0) as (sched, clock):
+            fleet, store = sched.core.fleet, sched.store
+            reads = 0
+            list_workers = store.list_workers
+
+            async def counted():
+                nonlocal reads
+                reads += 1
+                return await list_workers()
+
+            store.list_workers = counted  # type: ignore[method-assign]
+
+            async def fresh() -> list[tuple[str, str, int]]:
+                return [(r.name, r.state, r.info["slots"]) for r in await list_workers()]
+
+            async def seen() -> list[tuple[str, str, int]]:
+                return [(v.name, v.state, v.slots) for v in await fleet.views()]
+
+            r = await sched.workers.register(reg("box", slots=2))
+            assert await seen() == await fresh() == [("box", "ready", 2)]
+            before = reads
+            await sched.jobs.submit(spec(), "u")  # placed at once: placement read the fleet
+            await sched.workers.heartbeat(r.worker_id, Heartbeat(running_tasks=[]))
+            assert await seen() == [("box", "ready", 2)] and reads == before  # no change
+            await sched.workers.drain("box")
+            assert await seen() == await fresh() == [("box", "draining", 2)]
+            await sched.workers.drain("box", draining=False)
+            await sched.workers.register(reg("box", slots=5))  # registered again, bigger
+            assert await seen() == await fresh() == [("box", "ready", 5)]
+            await sched.workers.register(reg("two", slots=1))
+            clock.now += 4  # both silent: unhealthy
+            await sched.leases.sweep()
+            assert await seen() == await fresh() == [("box", "unhealthy", 5),
+                                                     ("two", "unhealthy", 1)]  # fmt: skip
 
     run(body())
