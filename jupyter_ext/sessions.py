@@ -41,6 +41,9 @@ class Sessions:
         self._core = core
         self.idle_seconds = core.settings.session_idle_seconds
         self.open_cells: dict[str, Key] = {}  # cell job id (in a session) -> its session
+        # The job ids of the sessions that may not have ended (None: not read yet):
+        # reading them by id costs the same whatever else is queued or running.
+        self._session_ids: set[str] | None = None
         # Open cell -> the job id of the session it was submitted to (when it ran then):
         # its end and its output's masks need no read of every session.
         self._session_job: dict[str, str] = {}
@@ -57,15 +60,21 @@ class Sessions:
     # ------------------------------------------------------------ queries
 
     async def active(self, running_only: bool = False) -> dict[Key, JobRecord]:
-        """Sessions that have not ended (or are running), by owner and name."""
+        """Sessions that have not ended (or are running), by owner and name: read by
+        id (every cell's submit asks), never by a scan of the jobs queued or running
+        beside them."""
+        ids = self._session_ids
+        if ids is None:
+            ids = self._session_ids = {
+                r.id for r in await self._core.store.active_kernel_jobs()
+                if self._spec(r).session is not None
+            }  # fmt: skip
+        rows = await self._core.store.jobs_by_ids(sorted(ids)) if ids else []
+        ids.difference_update(ids - {r.id for r in rows if not r.ended})  # ended, deleted
         out = {}
-        store = self._core.store
-        rows = await (
-            store.active_kernel_jobs([JobState.running])
-            if running_only
-            else store.active_kernel_jobs()
-        )
-        for r in rows:
+        for r in sorted(rows, key=lambda r: r.seq):
+            if r.ended or (running_only and r.state != JobState.running):
+                continue
             session = self._spec(r).session
             if session is not None and r.id not in self.ending:
                 out[r.owner, session.name] = r
@@ -82,6 +91,7 @@ class Sessions:
             elif spec.session is not None:
                 self._activity[r.owner, spec.session.name] = now
                 sessions[r.owner, spec.session.name] = r.id
+        self._session_ids = set(sessions.values())
         for cell, key in self.open_cells.items():
             if key in sessions:
                 self._session_job[cell] = sessions[key]
@@ -132,6 +142,8 @@ class Sessions:
         now = self._core.clock()
         if spec.session is not None:
             self._activity[owner, spec.session.name] = now
+            if self._session_ids is not None:
+                self._session_ids.add(job_id)
         elif spec.in_session:
             key = (owner, spec.in_session)
             self.open_cells[job_id] = key

@@ -1,13 +1,14 @@
 """What placement reads, followed in memory (``store/changes.py``): after every
 commit the active tasks' holds are what the file says (placement, start, end, a
 lease that runs out and its retry, a cancel, a rolled-back transaction, a restart),
-and the fleet's views are read again exactly when a worker changed."""
+the fleet's views are read again exactly when a worker changed, and a cell's
+submit reads its sessions by id."""
 
 import json
 
 import pytest
 
-from gpulayer.contracts import Heartbeat, JobState, TaskCompletion
+from gpulayer.contracts import CreateSession, Heartbeat, JobSpec, JobState, TaskCompletion
 from gpulayer.errors import Conflict
 from jupyter_ext import transitions
 from jupyter_ext.store import Store
@@ -133,5 +134,33 @@ def test_the_fleet_placement_sees_is_read_again_only_when_a_worker_changed(tmp_p
             await sched.leases.sweep()
             assert await seen() == await fresh() == [("box", "unhealthy", 5),
                                                      ("two", "unhealthy", 1)]  # fmt: skip
+
+    run(body())
+
+
+def test_a_cell_submit_reads_its_sessions_not_every_job_queued_beside_them(tmp_path):
+    """A sweep queued beside a session does not slow its cells: a cell's submit reads
+    the sessions by id, whatever else waits (it read every queued and running job's
+    spec, 300 here, to find the sessions among them)."""
+
+    async def body():
+        async with plane_on(tmp_path, heartbeat_seconds=1.0, lease_seconds=10.0) as (sched, _):
+            r = await sched.workers.register(reg("box", slots=2))
+            await sched.session_service.create(CreateSession(name="s"), "ada")
+            (a,) = (await sched.workers.acquire(r.worker_id, 0)).assignments
+            assert a.spec.kind == "session"
+            big = spec(resources={"gpus": 8})  # no worker has 8 GPUs: queued for good
+            await sched.jobs.submit_many([big] * 300, "bob")
+            store = sched.store
+            ran: list[str] = []
+            for conn in (store._reader, store.db._conn):
+                conn.set_trace_callback(ran.append)
+            cell = JobSpec(kind="cell", cell={"source": "1", "session": "s"})
+            job = await sched.jobs.submit(cell, "ada")
+            for conn in (store._reader, store.db._conn):
+                conn.set_trace_callback(None)
+            assert job.state == "scheduled"  # placed on the session's worker at once
+            by_state = [q for q in ran if "FROM jobs WHERE state" in q]
+            assert not by_state, by_state
 
     run(body())
