@@ -114,7 +114,14 @@ class TaskDir:
         new = TaskDir(Path(tasks_root).absolute() / task_id)
         os.rename(self.root, new.root)
         for d in (new.root, new.work, new.artifacts):
-            os.chmod(d, 0o700)
+            # Through a descriptor of the folder itself: a process of the earlier call
+            # may have put a link in its place since, and a chmod by path would follow
+            # it (as root, onto any file). A link fails here (ELOOP): a new folder.
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
         return new
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:

@@ -500,3 +500,23 @@ def test_a_command_dies_with_its_agent_even_without_a_fence(tmp_path: Path, setp
         finally:
             proc.kill()
     until(lambda: gone(command), 10, "the command to die with its agent")
+
+
+def test_a_reused_call_folder_never_changes_what_a_link_put_in_it_points_at(tmp_path: Path) -> None:
+    """ADR 0145: a folder kept for the owner's next call is made private again, but
+    through the folders themselves: a link a lingering process put in place of
+    ``work/`` makes the reuse fail (a new folder is made), and what the link points
+    at keeps its mode."""
+    root = tmp_path / "tasks"
+    root.mkdir()
+    kept = TaskDir.create(root, "t1", own_home=False)
+    assert kept.left_empty()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    elsewhere.chmod(0o755)
+    kept.work.rmdir()
+    kept.work.symlink_to(elsewhere)
+    assert not kept.left_empty()  # what the worker checks when the call ends
+    with pytest.raises(OSError):  # ... and what it meets if the link came later
+        kept.reuse_as(root, "t2")
+    assert (elsewhere.stat().st_mode & 0o777) == 0o755
