@@ -57,8 +57,10 @@ BlobFile = Callable[[str], Awaitable[Path]]
 #: ``report(task_id, environment)``: tell the control plane how a task's env is doing.
 EnvReport = Callable[[str, c.TaskEnvironment], Awaitable[None]]
 
-#: Empty call folders kept for an owner's next calls (one per call running at once).
+#: Empty call folders kept for an owner's next calls (one per call running at once),
+#: and for all owners together (a worker many owners use keeps no folder per owner).
 _SPARES_PER_OWNER = 4
+_SPARES = 16
 
 
 def _plain_call(a: c.Assignment) -> bool:
@@ -101,6 +103,7 @@ class Launcher:
         self._kill_grace_seconds = kill_grace_seconds
         # Per owner: folders of ended calls that wrote no file, for its next calls.
         self._spares: dict[str, list[TaskDir]] = {}
+        self._kept = 0  # folders in _spares
 
     def park(self, task: TaskRecord) -> bool:
         """Keep the folder of an ended call in a warm runner for its owner's next
@@ -109,11 +112,25 @@ class Launcher:
         a, folder = task.assignment, task.dir
         if folder is None or not _plain_call(a):
             return False
-        spares = self._spares.setdefault(a.owner, [])
-        if len(spares) >= _SPARES_PER_OWNER or not folder.left_empty():
+        spares = self._spares.get(a.owner, [])
+        if len(spares) >= _SPARES_PER_OWNER or self._kept >= _SPARES:
             return False
-        spares.append(folder)
+        if not folder.left_empty():
+            return False
+        self._spares[a.owner] = [*spares, folder]
+        self._kept += 1
         return True
+
+    def _spare(self, owner: str) -> TaskDir | None:
+        """An empty folder ``owner``'s earlier call left, taken (None: there is none)."""
+        spares = self._spares.get(owner)
+        if not spares:
+            return None
+        folder = spares.pop()
+        if not spares:
+            del self._spares[owner]
+        self._kept -= 1
+        return folder
 
     def expect(self, assignment: c.Assignment) -> None:
         """Note an assignment as it arrives: cells placed in a session that is
@@ -146,12 +163,11 @@ class Launcher:
             task.logs.add(c.LogStream.system, started, _now(), hold=True)
         # Without a bundle the folder is handed over as it is made: one hand-off. A call
         # in a warm runner uses its runner's HOME and TMPDIR: no home/ or tmp/ here.
-        spares = self._spares.get(a.owner) if _plain_call(a) else None
         folder = await task.make_dir(
             self._tasks_root,
             hand_over=a.spec.bundle is None,
             own_home=fn is None or a.gang is not None,
-            spare=spares.pop() if spares else None,
+            spare=self._spare(a.owner) if _plain_call(a) else None,
         )
         if a.spec.bundle is not None:
             bundle: bytes | Path = (

@@ -520,3 +520,31 @@ def test_a_reused_call_folder_never_changes_what_a_link_put_in_it_points_at(tmp_
     with pytest.raises(OSError):  # ... and what it meets if the link came later
         kept.reuse_as(root, "t2")
     assert (elsewhere.stat().st_mode & 0o777) == 0o755
+
+
+def test_a_worker_keeps_few_empty_call_folders_whatever_the_number_of_owners(
+    tmp_path: Path,
+) -> None:
+    """ADR 0145: at most four kept folders per owner and sixteen in all; a kept
+    folder goes back only to its owner's next call."""
+    from gpulayer.worker.functions import RunnerPool
+    from gpulayer.worker.launch import Launcher
+    from gpulayer.worker.record import TaskRecord
+
+    async def nothing(_: str) -> bytes:
+        return b""
+
+    runners = RunnerPool(base_env={}, homes=tmp_path)
+    launcher = Launcher(worker_name="w", tasks_root=tmp_path, runners=runners,
+                        kernels=KernelHost(), blob=nothing, kill_grace_seconds=1.0)  # fmt: skip
+    fn = {"format": 1, "python": "3.11", "name": "f", "payload": b"x"}
+    call = JobSpec(kind=JobKind.function, function=fn)
+    kept = 0
+    for i in range(40):
+        a = Assignment(task_id=f"t{i}", job_id="j", attempt=1, spec=call, owner=f"o{i % 10}")
+        task = TaskRecord(a, LogShipper(a.task_id, PartialServer().send, batch_seconds=1.0),
+                          send_metrics=nothing)  # fmt: skip
+        task.dir = TaskDir.create(tmp_path, a.task_id, own_home=False)
+        kept += launcher.park(task)
+    assert kept == 16
+    assert launcher._spare("o0") is not None and launcher._spare("nobody") is None
