@@ -209,6 +209,10 @@ class Kernel:
             if not frames.done():
                 frames.cancel()
                 raise KernelDied(self._death())
+        if frames.cancelled() or frames.exception() is not None:
+            # The channel was closed under the cell (its kernel is being shut down).
+            await asyncio.shield(watch)
+            raise KernelDied(self._death())
         session = self._kc.session
         _, wire = session.feed_identities(frames.result())
         msg: dict[str, Any] = session.deserialize(wire)

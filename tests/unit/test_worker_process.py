@@ -548,3 +548,32 @@ def test_a_worker_keeps_few_empty_call_folders_whatever_the_number_of_owners(
         kept += launcher.park(task)
     assert kept == 16
     assert launcher._spare("o0") is not None and launcher._spare("nobody") is None
+
+
+def test_a_cell_whose_kernel_is_shut_down_under_it_ends_saying_so(tmp_path: Path) -> None:
+    """Ending a session while its cell runs: the cell fails naming its kernel's end,
+    not a worker error."""
+
+    async def scenario() -> RunOutcome:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=0.05)
+        runner = asyncio.create_task(shipper.run())
+        spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source="import time; time.sleep(30)",
+                                                         session="s"))  # fmt: skip
+        a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
+        host = KernelHost()
+        kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
+        await kernel.start()
+        try:
+            cell = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
+                               on_line=shipper.add)  # fmt: skip
+            run = asyncio.create_task(cell.run())
+            await asyncio.sleep(0.5)  # the cell is running
+            await kernel.shutdown()
+            return await asyncio.wait_for(run, 30)
+        finally:
+            shipper.stop()
+            await runner
+
+    outcome = asyncio.run(scenario())
+    assert outcome.state == "failed" and "kernel" in (outcome.reason or ""), outcome
