@@ -21,7 +21,10 @@ placement pass that left jobs queued) does, in order:
    providers below ``max_instances``. A capacity error backs that offer off
    (2 s doubling to 5 min) and the next offer is tried at once; a refusal (Slurm:
    "Requested node configuration is not available") is remembered as the job's
-   reason, and the job is unsatisfiable when every fitting offer refused it. A
+   reason, and the job is unsatisfiable when every fitting offer refused it; such
+   a job is not offered again for ``BACKOFF_MAX_SECONDS`` (a refusal is the
+   provider's word on the request, not a passing shortage: asked at every tick,
+   Slurm got an ``sbatch`` and the store a failed instance twice a second). A
    gang gets one instance with all its nodes, or nothing;
 6. **minimum**: providers below ``min_instances`` get instances of their cheapest
    offer.
@@ -70,6 +73,9 @@ class Autoscaler:
         self.board = board
         self._lock = asyncio.Lock()
         self.backoff: dict[tuple[str, str], _Backoff] = {}
+        # job id -> when every fitting offer last refused it (asked again after
+        # BACKOFF_MAX_SECONDS; entries older than twice that are dropped).
+        self._refused_at: dict[str, float] = {}
         self._wake = asyncio.Event()
         board.offers = [
             (o, dict(p.config.labels)) for p in self.providers.values() for o in p.offers()
@@ -198,10 +204,16 @@ class Autoscaler:
             (j for j in rows if j.state == JobState.queued), key=lambda j: (-j.priority, j.seq)
         )
         specs = {j.id: core.spec(j) for j in queued}
+        self._refused_at = {
+            j: t for j, t in self._refused_at.items() if now - t < 2 * BACKOFF_MAX_SECONDS
+        }
         for job in queued:
             spec = specs[job.id]
             if spec.in_session or job.id in claimed:
                 continue
+            refused = self._refused_at.get(job.id)
+            if refused is not None and now - refused < BACKOFF_MAX_SECONDS:
+                continue  # every fitting offer refused it just now
             # a draining worker (its allocation near its end, or drained by hand) and
             # one whose allocation ends before the job's timeout take no new work
             fitting = [
@@ -282,6 +294,7 @@ class Autoscaler:
             return
         if refusals:
             self.board.refusals[job.id] = "; ".join(refusals)
+            self._refused_at[job.id] = now
 
     async def _minimum(self) -> None:
         core = self._core
