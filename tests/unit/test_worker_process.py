@@ -5,11 +5,12 @@ does not depend on which async plugin the suite loads.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -429,6 +430,30 @@ def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
     assert rest is not None and [e.text for e in rest.lines] == ["started on w1"]
 
 
+@contextlib.asynccontextmanager
+async def session_cell(
+    tmp_path: Path, source: str, batch_seconds: float
+) -> AsyncIterator[tuple[CellTaskRun, LogShipper, PartialServer, Kernel]]:
+    """A cell of ``source`` in a real session kernel, its lines shipped to a
+    :class:`PartialServer`; the shipper stops and the kernel ends after."""
+    server = PartialServer()
+    shipper = LogShipper("t", server.send, batch_seconds=batch_seconds)
+    runner = asyncio.create_task(shipper.run())
+    spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
+    a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
+    host = KernelHost()
+    kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
+    await kernel.start()
+    try:
+        cell = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
+                           on_line=shipper.add)  # fmt: skip
+        yield cell, shipper, server, kernel
+    finally:
+        shipper.stop()
+        await runner
+        await kernel.shutdown()
+
+
 def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
     tmp_path: Path,
 ) -> None:
@@ -437,28 +462,14 @@ def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
     it (ADR 0143): one request fewer per cell."""
 
     async def scenario() -> tuple[list[str], LogBatch | None]:
-        server = PartialServer()
         # The cell sleeps past batch_seconds: a line that is not held would go at once.
-        shipper = LogShipper("t", server.send, batch_seconds=0.2)
-        runner = asyncio.create_task(shipper.run())
         source = "print('hi', flush=True); import time; time.sleep(0.6)"
-        spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
-        a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
-        host = KernelHost()
-        kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
-        await kernel.start()
-        try:
-            run = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
-                              on_line=shipper.add)  # fmt: skip
-            outcome = await run.run()
+        async with session_cell(tmp_path, source, 0.2) as (cell, shipper, server, _):
+            outcome = await cell.run()
             assert outcome.state == "succeeded", outcome
             await asyncio.sleep(0.05)  # the worker's own steps before the completion
             rest = await shipper.take_rest()
             shipper.taken(rest, stored=True)
-        finally:
-            shipper.stop()
-            await runner
-            await kernel.shutdown()
         return server.lines, rest
 
     sent, rest = asyncio.run(scenario())
@@ -555,25 +566,12 @@ def test_a_cell_whose_kernel_is_shut_down_under_it_ends_saying_so(tmp_path: Path
     not a worker error."""
 
     async def scenario() -> RunOutcome:
-        server = PartialServer()
-        shipper = LogShipper("t", server.send, batch_seconds=0.05)
-        runner = asyncio.create_task(shipper.run())
-        spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source="import time; time.sleep(30)",
-                                                         session="s"))  # fmt: skip
-        a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
-        host = KernelHost()
-        kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
-        await kernel.start()
-        try:
-            cell = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
-                               on_line=shipper.add)  # fmt: skip
+        source = "print('running', flush=True); import time; time.sleep(30)"
+        async with session_cell(tmp_path, source, 0.05) as (cell, _, server, kernel):
             run = asyncio.create_task(cell.run())
-            await asyncio.sleep(0.5)  # the cell is running
+            await until_async(lambda: any("running" in t for t in server.lines), 30, "the cell")
             await kernel.shutdown()
             return await asyncio.wait_for(run, 30)
-        finally:
-            shipper.stop()
-            await runner
 
     outcome = asyncio.run(scenario())
     assert outcome.state == "failed" and "kernel" in (outcome.reason or ""), outcome
