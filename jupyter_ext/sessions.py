@@ -69,11 +69,12 @@ class Sessions:
                 r.id for r in await self._core.store.active_kernel_jobs()
                 if self._spec(r).session is not None
             }  # fmt: skip
-        rows = await self._core.store.jobs_by_ids(sorted(ids)) if ids else []
-        ids.difference_update(ids - {r.id for r in rows if not r.ended})  # ended, deleted
+        found = await self._core.store.jobs_by_ids(sorted(ids)) if ids else []
+        rows = [r for r in found if not r.ended]
+        ids.intersection_update(r.id for r in rows)  # forget the ended and the deleted
         out = {}
         for r in sorted(rows, key=lambda r: r.seq):
-            if r.ended or (running_only and r.state != JobState.running):
+            if running_only and r.state != JobState.running:
                 continue
             session = self._spec(r).session
             if session is not None and r.id not in self.ending:

@@ -113,11 +113,9 @@ class Launcher:
         if folder is None or not _plain_call(a):
             return False
         spares = self._spares.get(a.owner, [])
-        if len(spares) >= _SPARES_PER_OWNER or self._kept >= _SPARES:
+        if len(spares) >= _SPARES_PER_OWNER or self._kept >= _SPARES or not folder.left_empty():
             return False
-        if not folder.left_empty():
-            return False
-        self._spares[a.owner] = [*spares, folder]
+        self._spares.setdefault(a.owner, spares).append(folder)
         self._kept += 1
         return True
 
