@@ -131,14 +131,10 @@ def _text_ok(text: str) -> bool:
 
 
 def _check_text(path: str, text: str) -> None:
-    if text.isascii():
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
+    if not _text_ok(text):
         raise ValidationError(
             f"{path or 'body'}: text is not valid Unicode (a lone surrogate)", field=path or None
-        ) from e
+        )
 
 
 def number_arg(raw: str | None, name: str, default: float, hi: float) -> float:
