@@ -2,6 +2,10 @@
 
 import sys
 
+from gpulayer.startup import hold_gc
+
+hold_gc()  # until the control plane is ready (ADR 0147)
+
 # jsonschema (through jupyter_events) loads a checker for each optional string
 # format whose library is installed. No gpulayer or Jupyter event schema uses a
 # format, and three of them are costly: rfc3987-syntax builds a Lark grammar for

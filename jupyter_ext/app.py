@@ -31,6 +31,7 @@ from gpulayer.contracts import (
     parse_providers,
     plain_text,
 )
+from gpulayer.startup import release_gc
 
 from . import api, data_dir, prometheus
 from .api.base import AppState, GpulayerAPIHandler, Limits, Running
@@ -365,6 +366,7 @@ class GpulayerApp(ExtensionApp):
             self._background.append(asyncio.create_task(self._autoscale_loop(plane)))
         await plane.placer.schedule()
         self._state.ready.set()
+        release_gc()  # held by `python -m jupyter_ext` through its start (ADR 0147)
         self.log.info("gpulayer control plane ready (data in %s)", data)
 
     async def _sweep_loop(self, plane: ControlPlane) -> None:

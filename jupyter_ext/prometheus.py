@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpulayer.contracts import JobState, Worker, WorkerState
@@ -193,6 +193,7 @@ def make_registry() -> tuple[CollectorRegistry, Instruments]:
     """A registry of the app's own with its instruments; :class:`StateCollector`
     joins it once the store and the fleet exist (:func:`add_state`)."""
     registry = CollectorRegistry()
+    GCCollector(registry=registry)  # python_gc_*: the collector's passes (ADR 0147)
     return registry, Instruments(registry)
 
 

@@ -25,6 +25,7 @@ from gpulayer.cli import (
 from gpulayer.cli.options import Parser, connection_options, examples
 from gpulayer.client import Connection
 from gpulayer.client.specs import pydantic_to_gpulayer
+from gpulayer.startup import release_gc
 
 _DESCRIPTION = """\
 gpulayer: run commands, functions, notebook cells and PyTorch training on GPU
@@ -93,6 +94,8 @@ def main(argv: Sequence[str] | None = None, *, connection: Connection | None = N
         if argv is None:
             _complete(parser)  # answers a shell's completion request and exits
         args = _parse(parser, argv)
+        if args.cmd != "join":  # a worker releases it once registered (worker.agent)
+            release_gc()
         args.connection = connection
         code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows here, not at exit

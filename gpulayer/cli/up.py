@@ -303,7 +303,7 @@ def join_token(args: argparse.Namespace, from_env: str | None = None) -> str:
     if args.token_file is not None:
         try:
             if str(args.token_file) == "-":  # `gpulayer up` hands it over once it exists
-                token = sys.stdin.readline().strip()
+                token = _stdin_line().strip()
             else:
                 token = args.token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
@@ -327,6 +327,20 @@ def join_token(args: argparse.Namespace, from_env: str | None = None) -> str:
     )
 
 
+def _stdin_line() -> str:
+    """A line of standard input, read from its descriptor when it has one, past
+    ``sys.stdin``'s buffer: the worker reads it in a daemon thread, and a buffer's
+    lock held by a thread still reading would stop the interpreter's exit."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced (a test's StringIO)
+        return sys.stdin.readline()
+    data = b""
+    while not data.endswith(b"\n") and (chunk := os.read(fd, 4096)):
+        data += chunk
+    return data.decode(errors="replace")
+
+
 def port_range(text: str) -> tuple[int, int]:
     """``--rendezvous-ports LO-HI``."""
     from gpulayer.worker.network import parse_ports
@@ -345,7 +359,7 @@ def _join(args: argparse.Namespace) -> int:
         raise errors.GpulayerError(f"the gpulayer worker agent cannot be loaded: {e}") from e
     # `gpulayer up` starts its workers while the control plane starts, and hands them
     # the join token on stdin once it exists (--token-file -): the worker reads it
-    # last, after its imports and its own checks (worker.agent.run_agent).
+    # while its agent prepares, its runners starting (worker.agent.run_agent).
     from_env = os.environ.pop("GPULAYER_JOIN_TOKEN", None)  # before the worker starts anything
     later = args.token_file is not None and str(args.token_file) == "-"
     token = "" if later else join_token(args, from_env)

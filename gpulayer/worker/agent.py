@@ -24,7 +24,6 @@ The pieces: :mod:`~gpulayer.worker.uplink` (HTTP, retry, re-registration),
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -32,7 +31,8 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,7 @@ from gpulayer import contracts as c
 from gpulayer import tls
 from gpulayer.errors import ConfigError
 from gpulayer.private import private_dir, tighten
+from gpulayer.startup import release_gc
 from gpulayer.worker import devices, network, spawning, task_user
 from gpulayer.worker.channel import (
     ChannelRefused,
@@ -196,11 +197,16 @@ class Agent:
 
     # ------------------------------------------------------------ life cycle
 
-    async def serve(self) -> None:
-        """Register, then heartbeat and acquire until cancelled."""
+    async def serve(self, join_token: Awaitable[str] | None = None) -> None:
+        """Register, then heartbeat and acquire until cancelled; with ``join_token``,
+        the prestarted runners start while it is awaited, and it is the token that
+        registers (``gpulayer up`` hands it over once its control plane is up)."""
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
         self._runners.start()
+        if join_token is not None:
+            self._uplink.join_token = await join_token
         await self._first_registration()
+        release_gc()  # held by `gpulayer join` through its start (ADR 0147)
         log.info("distributed jobs: %s", network.describe(self.network))
         if (user := spawning.task_user()) is not None:
             log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
@@ -461,9 +467,10 @@ async def run_agent(
     ``stop`` is None, until SIGINT or SIGTERM sets it).
 
     ``token``, when given, reads the join token in place of ``config.token``; it is
-    called last, once the task user is checked and the supervisor started, so
-    that a worker started beside its control plane (``gpulayer up``, which hands
-    the token over once it exists) does those while the control plane starts.
+    called in a thread of its own once the task user is checked, the supervisor
+    started and the agent built, while the prestarted runners start, so that a
+    worker started beside its control plane (``gpulayer up``, which hands the
+    token over once it exists) does all that while the control plane starts.
 
     Raises
     ------
@@ -484,11 +491,6 @@ async def run_agent(
     # Before anything starts a process: every task process carries the fence's mark.
     fence = Fence.start()
     try:
-        if token is not None:
-            # A blocking read on purpose: nothing else runs yet, and until the
-            # handlers below are installed SIGTERM ends the process as it did
-            # before it started.
-            config = dataclasses.replace(config, token=token())
         if stop is None:
             stop = asyncio.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -500,7 +502,10 @@ async def run_agent(
         verify = tls.for_httpx(tls.verify_for(config.url, config.fingerprint), config.url)
         async with httpx.AsyncClient(timeout=timeout, verify=verify) as http:
             agent = Agent(config, http, fence)
-            serving = asyncio.create_task(agent.serve(), name="gpulayer-worker")
+            # The token is read in a thread of its own, while the agent prepares
+            # (its runners start): a stop while it waits ends the worker without it.
+            later = None if token is None else _in_daemon_thread(token)
+            serving = asyncio.create_task(agent.serve(later), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
             try:
                 await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -519,6 +524,33 @@ async def run_agent(
             await asyncio.to_thread(fence.close)  # kills what is left of the tasks
         spawning.use_task_user(None)  # this process may go on (an agent run in-process)
     log.info("worker stopped")
+
+
+def _in_daemon_thread(read: Callable[[], str]) -> "asyncio.Future[str]":
+    """What ``read()`` returns (or raises), read in a daemon thread: a worker that
+    stops while it blocks exits without waiting for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = loop.create_future()
+
+    def settle(value: str | None, error: BaseException | None) -> None:
+        if future.done():  # the worker stopped waiting
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(str(value))
+
+    def run() -> None:
+        value, error = None, None
+        try:
+            value = read()
+        except BaseException as e:  # handed to the awaiting agent
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop closed: the worker stopped
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name="gpulayer-join-token", daemon=True).start()
+    return future
 
 
 def main(config: AgentConfig, token: Callable[[], str] | None = None) -> int:

@@ -130,6 +130,16 @@ class Uplink:
         """The worker's own token from the latest registration."""
         return self._worker_token
 
+    @property
+    def join_token(self) -> str:
+        """What registers a new name (set late by a worker that ``gpulayer up`` hands
+        it to once its control plane is up)."""
+        return self._join_token
+
+    @join_token.setter
+    def join_token(self, token: str) -> None:
+        self._join_token = token
+
     # ---------------------------------------------------------- registration
 
     async def register(self) -> None:

@@ -9,10 +9,13 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 
 from gpulayer import contracts
@@ -109,3 +112,56 @@ def test_on_a_new_data_dir_workers_start_beside_the_control_plane(tmp_path: Path
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
                 assert b"--token-file\0-" in argv
                 assert cluster.join_token.encode() not in argv + environ
+
+
+def test_a_worker_started_early_prepares_while_it_waits_for_its_token(tmp_path: Path) -> None:
+    """A worker that `gpulayer up` starts beside its control plane starts its warm
+    runner before the join token arrives (the control plane is still starting), and
+    a stop while it waits (the control plane failed) ends it cleanly: exit 0, its
+    runner gone, its tasks folder removed."""
+    argv = [sys.executable, "-m", "gpulayer", "join", f"http://127.0.0.1:{free_port()}/",
+            "--name", "early", "--token-file", "-", "--task-user", "",
+            "--data-dir", str(tmp_path / "w")]  # fmt: skip
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 30
+        runners: list[psutil.Process] = []
+        while not runners and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            runners = [p for p in me.children(recursive=True)
+                       if "gpulayer.worker.runner" in " ".join(p.cmdline())]  # fmt: skip
+        assert runners, "no warm runner started before the token"
+        folders = list(Path(tempfile.gettempdir()).glob("gpulayer-tasks-early-*"))
+        assert folders
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert b"Fatal Python error" not in err
+    psutil.wait_procs(runners, timeout=10)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in runners)
+    assert not any(f.exists() for f in folders)
+
+
+def test_the_control_plane_collects_garbage_once_it_is_up(tmp_path: Path) -> None:
+    """`python -m jupyter_ext` starts without the garbage collector and turns it
+    back on once ready: its metrics count the collector's passes going on."""
+
+    def passes() -> float:
+        text = httpx.get(cluster.url + "gpulayer/metrics", headers=auth, timeout=30).text
+        line = next(s for s in text.splitlines()
+                    if s.startswith('python_gc_collections_total{generation="0"}'))  # fmt: skip
+        return float(line.split()[1])
+
+    with LocalCluster(tmp_path, workers=0, **FAST) as cluster:
+        auth = {"Authorization": f"Bearer {cluster.admin_token}"}
+        first = passes()
+        deadline = time.monotonic() + 30
+        # Every scrape allocates: the youngest generation fills up, again and again.
+        while (now := passes()) == first and time.monotonic() < deadline:
+            pass
+    assert now > first
