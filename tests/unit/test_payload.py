@@ -100,3 +100,31 @@ def test_a_local_module_imported_between_two_calls_travels_by_value(tmp_path, mo
         assert payload.unpack(packed, "outcomes")[0].value == 12
     finally:
         sys.modules.pop("gl_local_mod_r", None)
+
+
+def test_links_are_followed_to_judge_whether_a_module_is_local(tmp_path, monkeypatch):
+    """A folder linked to an installed place holds installed modules (sent by
+    name); a file linked from an installed place to the user's own is local (sent
+    by value)."""
+    installed = tmp_path / "env" / "site-packages"
+    installed.mkdir(parents=True)
+    (installed / "gl_linked_installed.py").write_text("X = 1\n")
+    (tmp_path / "to-installed").symlink_to(installed)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "gl_linked_mine.py").write_text("Y = 2\n")
+    shelf = tmp_path / "shelf" / "site-packages"
+    shelf.mkdir(parents=True)
+    (shelf / "gl_linked_mine.py").symlink_to(mine / "gl_linked_mine.py")
+    monkeypatch.syspath_prepend(str(shelf))
+    monkeypatch.syspath_prepend(str(tmp_path / "to-installed"))
+    import gl_linked_installed  # noqa: F401
+    import gl_linked_mine  # noqa: F401
+
+    try:
+        names = {m.__name__ for m in payload.local_modules()}
+        assert "gl_linked_mine" in names
+        assert "gl_linked_installed" not in names
+    finally:
+        sys.modules.pop("gl_linked_installed", None)
+        sys.modules.pop("gl_linked_mine", None)
