@@ -22,7 +22,7 @@ from typing import TypeVar
 from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
-from gpulayer.contracts import JobSpec, Secret, SecretName, SetSecret
+from gpulayer.contracts import DEFERRED, JobSpec, Secret, SecretName, SetSecret
 from gpulayer.errors import NotFound, StorageError, ValidationError
 
 from .auth import Principal
@@ -35,7 +35,7 @@ from .store import JobRecord, SecretRecord
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_NAME: TypeAdapter[str] = TypeAdapter(SecretName)
+_NAME: TypeAdapter[str] = TypeAdapter(SecretName, config=DEFERRED)  # built at first use
 #: Jobs whose masks are kept in memory (the least recently used are read again).
 _MASKS_KEPT = 4096
 

@@ -14,6 +14,7 @@ import pydantic
 from jupyter_server.auth.decorator import allow_unauthenticated
 
 from gpulayer.contracts import (
+    DEFERRED,
     ArtifactName,
     Heartbeat,
     LogBatch,
@@ -27,7 +28,7 @@ from gpulayer.errors import PayloadTooLarge, ValidationError
 from ..auth import bearer_token, requires
 from .base import GpulayerAPIHandler, Limits
 
-_ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName)
+_ARTIFACT_NAME = pydantic.TypeAdapter(ArtifactName, config=DEFERRED)  # built at first use
 
 
 def _check_reported(limits: Limits, **reported: Sized) -> None:
