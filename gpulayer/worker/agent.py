@@ -345,7 +345,7 @@ class Agent:
             # (not the first try, which an outage may have made long ago).
             self._lease.renewed(self._lease.now() - resp.elapsed.total_seconds())
             self._kill(reply.kill_tasks)
-            self._cancel(reply.cancel)
+            self._pipeline.cancel(reply.cancel)
         elif resp.status_code < 500:
             log.warning("heartbeat refused: %s", describe(resp))
         return resp.status_code < 500
@@ -433,23 +433,11 @@ class Agent:
     def _dispatch(self, acquired: c.Acquired) -> None:
         # Heartbeats built from now on list this answer's tasks (docs/api.md).
         self._acquired_seq = max(self._acquired_seq or 0, acquired.seq)
-        self._cancel(acquired.cancel)
-        for task_id in acquired.interrupt:
-            if task := self._tasks.get(task_id):
-                task.interrupt()
-        for assignment in acquired.assignments:
-            if assignment.task_id not in self._tasks:  # a re-sent assignment runs once
-                self._pipeline.start(assignment)
+        self._pipeline.take(acquired)
 
     def _running_ids(self) -> list[str]:
         """Tasks whose results are not delivered yet (their leases must stay alive)."""
         return [task_id for task_id, task in self._tasks.items() if not task.abandoned]
-
-    def _cancel(self, task_ids: list[str]) -> None:
-        """Stop user-cancelled tasks (repeats are harmless: a cancel happens once)."""
-        for task_id in task_ids:
-            if task := self._tasks.get(task_id):
-                task.cancel("cancelled by user")
 
     def _kill(self, task_ids: list[str]) -> None:
         for task_id in task_ids:

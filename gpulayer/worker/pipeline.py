@@ -115,6 +115,24 @@ class Pipeline:
         self._heartbeat = heartbeat
         self._lease = lease
 
+    def take(self, acquired: c.Acquired) -> None:
+        """An acquire answer: its new assignments start first, then its cancels and
+        interrupts apply, so that one of a task the same answer starts (cancelled
+        between its start at submit and this answer) reaches it, not an unknown id."""
+        for assignment in acquired.assignments:
+            if assignment.task_id not in self.tasks:  # a re-sent assignment runs once
+                self.start(assignment)
+        self.cancel(acquired.cancel)
+        for task_id in acquired.interrupt:
+            if task := self.tasks.get(task_id):
+                task.interrupt()
+
+    def cancel(self, task_ids: list[str]) -> None:
+        """Stop user-cancelled tasks (repeats are harmless: a cancel happens once)."""
+        for task_id in task_ids:
+            if task := self.tasks.get(task_id):
+                task.cancel("cancelled by user")
+
     def start(self, assignment: c.Assignment) -> None:
         """Start the pipeline of a new assignment."""
         task_id = assignment.task_id

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gpulayer.contracts import (
+    Acquired,
     Artifact,
     Assignment,
     CellSpec,
@@ -318,3 +319,36 @@ def test_an_artifact_stored_as_other_content_is_resent_then_fails_the_task(
     done = deliver_artifact(StoringUplink("wrong", "wrong", "wrong"), tmp_path)
     assert done.state == "failed"
     assert done.reason is not None and "artifact 'model.pt' arrived corrupt" in done.reason
+
+
+def test_a_cancel_in_the_answer_that_starts_its_task_stops_it_before_it_runs() -> None:
+    """A call started at its submit and cancelled at once: one acquire answer
+    carries its assignment and its cancel. The task is cancelled, never prepared,
+    where the cancel used to find no such task and the call ran until a heartbeat
+    sent the cancel again."""
+
+    async def main() -> None:
+        pipe, uplink, launcher = pipeline()
+        pipe.take(Acquired(assignments=[assignment("t1")], cancel=["t1"], seq=1))
+        done = await uplink.completion("t1")
+        assert (done.state, done.reason) == ("cancelled", "cancelled by user")
+        assert not launcher.preparing["t1"].is_set()
+
+    drive(main())
+
+
+def test_an_interrupt_in_the_answer_that_starts_its_task_finds_it() -> None:
+    async def main() -> None:
+        pipe, uplink, launcher = pipeline()
+        launcher.hold["t1"] = asyncio.Event()
+        pipe.take(Acquired(assignments=[assignment("t1")], seq=1))
+        await launcher.preparing["t1"].wait()
+        launcher.hold["t1"].set()
+        await launcher.runs["t1"].started.wait()
+        pipe.take(Acquired(assignments=[assignment("t1")], interrupt=["t1"], seq=2))
+        assert launcher.runs["t1"].interrupted
+        assert len(launcher.runs) == 1  # the re-sent assignment did not start it again
+        launcher.runs["t1"].finish.set()
+        assert (await uplink.completion("t1")).state == "succeeded"
+
+    drive(main())
