@@ -247,6 +247,8 @@ class Pipeline:
             task.run = run
             if task.cancel_reason is not None:  # cancelled while it was prepared
                 run.cancel(task.cancel_reason)
+            elif task.interrupted:  # a cell interrupted while it was prepared
+                run.interrupt()
             return await run.run()
 
     # -------------------------------------------------------------- deliver

@@ -39,6 +39,7 @@ class TaskRecord:
     metrics: TrainingMetricsFollower | None = None
     metrics_loop: "asyncio.Task[None] | None" = None
     cancel_reason: str | None = None
+    interrupted: bool = False  # an interrupt came, maybe before the run did
     abandoned: bool = False  # the control plane gave up on it: report nothing more
     released: bool = False  # the worker stops: report ``lost``, so it is retried
     fenced: bool = False  # stopped because the lease may be lost: report ``lost``
@@ -66,7 +67,9 @@ class TaskRecord:
         self.cancel(reason)
 
     def interrupt(self) -> None:
-        """SIGINT a cell's kernel (other runs have nothing to interrupt)."""
+        """SIGINT a cell's kernel (other runs have nothing to interrupt); one that
+        comes while the run is prepared reaches it once it exists."""
+        self.interrupted = True
         if self.run is not None:
             self.run.interrupt()
 

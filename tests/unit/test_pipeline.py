@@ -352,3 +352,23 @@ def test_an_interrupt_in_the_answer_that_starts_its_task_finds_it() -> None:
         assert (await uplink.completion("t1")).state == "succeeded"
 
     drive(main())
+
+
+def test_an_interrupt_while_the_run_is_prepared_reaches_the_run() -> None:
+    """Ctrl-C right after a cell was sent: its kernel is still being had. The
+    interrupt waits for the run (a cell's run then ends ``cancelled`` before it
+    executes anything), where it used to be dropped and the cell ran on."""
+
+    async def main() -> None:
+        pipe, uplink, launcher = pipeline()
+        launcher.hold["t1"] = asyncio.Event()
+        pipe.start(assignment("t1"))
+        await launcher.preparing["t1"].wait()
+        pipe.tasks["t1"].interrupt()
+        launcher.hold["t1"].set()
+        await launcher.runs["t1"].started.wait()
+        assert launcher.runs["t1"].interrupted
+        launcher.runs["t1"].finish.set()
+        await uplink.completion("t1")
+
+    drive(main())
