@@ -500,6 +500,8 @@ async def run_agent(
             finally:
                 stopping.cancel()
                 serving.cancel()
+                if later is not None:
+                    later.cancel()  # a token that comes now is nobody's
                 try:
                     with contextlib.suppress(asyncio.CancelledError):
                         await serving  # re-raises a failed first registration

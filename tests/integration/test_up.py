@@ -135,11 +135,16 @@ def test_a_worker_started_early_prepares_while_it_waits_for_its_token(tmp_path: 
         folders = list(Path(tempfile.gettempdir()).glob("gpulayer-tasks-early-*"))
         assert folders
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)  # stdin stays open: the token never comes
+        assert proc.stderr is not None
+        err = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdin, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
     assert b"Fatal Python error" not in err
     psutil.wait_procs(runners, timeout=10)
