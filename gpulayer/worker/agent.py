@@ -31,7 +31,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +60,7 @@ from gpulayer.worker.kernels import KernelHost
 from gpulayer.worker.launch import Launcher
 from gpulayer.worker.lease import Lease
 from gpulayer.worker.pipeline import Pipeline
+from gpulayer.worker.process import in_daemon_thread
 from gpulayer.worker.spawning import Fence
 from gpulayer.worker.telemetry import GpuTelemetry, TreeSampler
 from gpulayer.worker.uplink import BACKOFF_CAP_SECONDS, BACKOFF_START_SECONDS, Uplink, describe
@@ -492,7 +492,7 @@ async def run_agent(
             agent = Agent(config, http, fence)
             # The token is read in a thread of its own, while the agent prepares
             # (its runners start): a stop while it waits ends the worker without it.
-            later = None if token is None else _in_daemon_thread(token)
+            later = None if token is None else in_daemon_thread(token)
             serving = asyncio.create_task(agent.serve(later), name="gpulayer-worker")
             stopping = asyncio.create_task(stop.wait())
             try:
@@ -514,33 +514,6 @@ async def run_agent(
             await asyncio.to_thread(fence.close)  # kills what is left of the tasks
         spawning.use_task_user(None)  # this process may go on (an agent run in-process)
     log.info("worker stopped")
-
-
-def _in_daemon_thread(read: Callable[[], str]) -> "asyncio.Future[str]":
-    """What ``read()`` returns (or raises), read in a daemon thread: a worker that
-    stops while it blocks exits without waiting for it."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[str] = loop.create_future()
-
-    def settle(value: str | None, error: BaseException | None) -> None:
-        if future.done():  # the worker stopped waiting
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(str(value))
-
-    def run() -> None:
-        value, error = None, None
-        try:
-            value = read()
-        except BaseException as e:  # handed to the awaiting agent
-            error = e
-        with contextlib.suppress(RuntimeError):  # the loop closed: the worker stopped
-            loop.call_soon_threadsafe(settle, value, error)
-
-    threading.Thread(target=run, name="gpulayer-join-token", daemon=True).start()
-    return future
 
 
 def main(config: AgentConfig, token: Callable[[], str] | None = None) -> int:

@@ -21,16 +21,18 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import psutil
 
 from gpulayer.contracts import JobSpec, LogStream, format_duration
 from gpulayer.worker.runs import LineCallback, RunOutcome
 from gpulayer.worker.spawning import spawn
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +257,35 @@ class CommandRun:
         self.on_line(stream, data.decode("utf-8", errors="replace"), datetime.now(UTC))
 
 
+def in_daemon_thread(call: Callable[[], T]) -> "asyncio.Future[T]":
+    """What ``call()`` returns (or raises), made in a daemon thread: whoever stops
+    waiting for it (a cancelled future, a closed loop) leaves the thread behind,
+    and the interpreter exits without joining it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if future.done():  # nobody waits any more
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)  # type: ignore[arg-type]  # call() returned it
+
+    def run() -> None:
+        value, error = None, None
+        try:
+            value = call()
+        except BaseException as e:  # handed to whoever awaits the future
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name=f"gpulayer-{getattr(call, '__name__', 'call')}",
+                     daemon=True).start()  # fmt: skip
+    return future
+
+
 def _watch_exit(proc: "subprocess.Popen[bytes]") -> "asyncio.Future[int]":
     """The command's exit status, once it has exited (its pipes may stay open).
 
@@ -262,24 +293,16 @@ def _watch_exit(proc: "subprocess.Popen[bytes]") -> "asyncio.Future[int]":
     so it never stays a zombie while the agent runs. On Linux a pidfd tells the
     event loop (no thread, no child watcher); elsewhere a thread waits.
     """
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+
+        return in_daemon_thread(proc.wait)
     loop = asyncio.get_running_loop()
     exited: asyncio.Future[int] = loop.create_future()
 
     def settle(code: int) -> None:
         if not exited.done():
             exited.set_result(code)
-
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # not Linux 5.3+
-
-        def wait() -> None:
-            code = proc.wait()
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, code)
-
-        threading.Thread(target=wait, name=f"wait-{proc.pid}", daemon=True).start()
-        return exited
 
     def readable() -> None:
         code = proc.poll()  # reaps it
