@@ -84,26 +84,50 @@ class Tasks:
 
     async def _append_logs(self, task: TaskRecord, batch: LogBatch) -> LogAck:
         """:meth:`append_logs` for ``task`` as :meth:`open_task` just read it."""
-        task_id = task.id
+        lines = await self._masked(task, batch)
+        arriving = await self._announce(task, batch.seq, lines)
+        return await self._commit_lines(task, batch.seq, lines, [], arriving)
+
+    async def _masked(self, task: TaskRecord, batch: LogBatch) -> list[tuple[Any, ...]]:
+        """A batch's lines as stored: ``(stream, ts, text, rank)``, the values of the
+        job's secrets masked (whatever the worker did)."""
         masker = await self._secrets.masker(task.job_id)
-        lines = [
+        return [
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
             for e in batch.lines
         ]
+
+    async def _announce(
+        self, task: TaskRecord, seq: int, lines: list[tuple[Any, ...]]
+    ) -> Arriving | None:
+        """Hand a cell's lines to its follower before they commit (docs/adr/0112)."""
+        core = self._core
+        arriving = await self._arriving(task, seq, lines, core.quotas.log_bytes_per_job)
+        if arriving is not None:
+            core.arriving[task.job_id] = arriving
+            core.notifier.notify(logs_key(task.job_id))
+        return arriving
+
+    async def _commit_lines(
+        self,
+        task: TaskRecord,
+        seq: int,
+        lines: list[tuple[Any, ...]],
+        then: list[Statement],
+        arriving: Arriving | None,
+    ) -> LogAck:
+        """Commit ``lines`` (the first is line ``seq`` of ``task``) and ``then`` (a
+        completion's end, when they ride it) in one transaction."""
         core = self._core
         most = core.quotas.log_bytes_per_job
         over = (
             f"gpulayer: this job's log reached its limit of {most} bytes"
             " (c.GpulayerApp.max_log_bytes_per_job); later lines are dropped"
         )
-        early = await self._arriving(task, batch.seq, lines, most)
-        if early is not None:  # the cell's follower has them while they commit
-            core.arriving[task.job_id] = early
-            core.notifier.notify(logs_key(task.job_id))
         try:
-            n = await core.store.append_logs(task_id, task.job_id, batch.seq, lines, most, over)
+            n = await core.store.append_logs(task.id, task.job_id, seq, lines, most, over, then)
         finally:
-            if early is not None and core.arriving.get(task.job_id) is early:
+            if arriving is not None and core.arriving.get(task.job_id) is arriving:
                 del core.arriving[task.job_id]
         core.instruments.log_lines.inc(max(0, n - task.log_seq))
         core.notifier.notify(logs_key(task.job_id))
@@ -203,8 +227,8 @@ class Tasks:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
         task = await self.current(reporter, task_id)
-        if done.logs is not None and not task.ended:  # stored before the end, as a batch
-            await self._append_logs(task, done.logs)
+        # Lines that ride the completion commit with its end, in one transaction.
+        riding = done.logs if done.logs is not None and not task.ended else None
         if done.reason is not None:  # it lands in the job's reason and events
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
@@ -215,10 +239,16 @@ class Tasks:
                 task = await core.task(task_id)
                 if task.ended:  # in the meantime (a lease ran out)
                     await self._fence(task)
+                    if riding is not None:
+                        await self._append_logs(task, riding)
                 else:
                     now = core.clock()
                     job = await core.job(task.job_id)
                     stmts = await self._ending(task, done, now, job)
+                    lines = [] if riding is None else await self._masked(task, riding)
+                    arriving = None
+                    if riding is not None:  # the follower has them before the end
+                        arriving = await self._announce(task, riding.seq, lines)
                     early = await self._early(task, done, now, job)
                     if early is not None:  # the waiting caller has it while this commits
                         answer = next(t for t in early.tasks if t.id == task_id)
@@ -228,7 +258,10 @@ class Tasks:
                         # woken caller answer first, as it would during a hand-off.
                         await asyncio.sleep(0)
                     try:
-                        await core.store.apply(stmts)
+                        if riding is None:
+                            await core.store.apply(stmts)
+                        else:
+                            await self._commit_lines(task, riding.seq, lines, stmts, arriving)
                     finally:
                         core.ending.pop(task.job_id, None)
             job = job or await core.job(task.job_id)

@@ -12,6 +12,7 @@ from gpulayer.contracts import TERMINAL_STATES, LogLine, LogPage
 
 from .db import INLINE_READ_ROWS, INLINE_WRITE_ROWS, Database
 from .records import MetricRecord, as_datetime
+from .writes import Statement
 
 
 class OutputQueries(Database):
@@ -25,6 +26,7 @@ class OutputQueries(Database):
         lines: Sequence[tuple[Any, ...]],
         max_bytes: int | None = None,
         over: str = "",
+        then: Sequence[Statement] = (),
     ) -> int:
         """Store the lines of a batch the task does not have yet.
 
@@ -33,9 +35,17 @@ class OutputQueries(Database):
         dropped by the quota count as taken). With ``max_bytes``, a job keeps at
         most that much log text (UTF-8): the line that would pass it and every later
         one are dropped, and one ``system`` line ``over`` is stored in their place.
+        ``then`` runs after the lines in the same transaction (a completion's end,
+        whose lines ride it): both are stored, or neither.
         """
 
         def run(conn: sqlite3.Connection) -> int:
+            n = append(conn)
+            for sql, params in then:
+                conn.execute(sql, params)
+            return n
+
+        def append(conn: sqlite3.Connection) -> int:
             trow = conn.execute("SELECT log_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
             jrow = conn.execute(
                 "SELECT log_count, log_bytes FROM jobs WHERE id = ?", (job_id,)
@@ -61,7 +71,7 @@ class OutputQueries(Database):
             )
             return have + len(fresh)
 
-        return await self._commit(run, small=len(lines) <= INLINE_WRITE_ROWS)
+        return await self._commit(run, small=len(lines) + len(then) <= INLINE_WRITE_ROWS)
 
     async def log_usage(self, job_id: str) -> tuple[int, int]:
         """A job's stored log: its line count (the next line's offset) and its bytes."""

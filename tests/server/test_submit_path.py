@@ -187,3 +187,48 @@ def test_a_cells_follower_has_its_lines_while_their_batch_commits(world):
             assert early.next_offset == stored.next_offset == 2
 
     run(body())
+
+
+def test_a_cells_last_lines_and_its_end_are_stored_in_one_commit_and_answered_before_it(world):
+    async def body():
+        async with world() as (cp, _):
+            r = await cp.workers.register(reg("box"))
+            await cp.jobs.submit(JobSpec(kind="session", session={"name": "s"}), "u")
+            await cp.workers.acquire(r.worker_id, 0)  # the session's kernel runs
+            cell = await cp.jobs.submit(
+                JobSpec(kind="cell", cell={"source": "print(1)", "session": "s"}), "u"
+            )
+            task = (await cp.workers.acquire(r.worker_id, 0)).assignments[0]
+            follower = asyncio.ensure_future(cp.jobs.logs(cell.id, 0, 100, 5))
+            waiter = asyncio.ensure_future(cp.jobs.wait(cell.id, 5))
+            await asyncio.sleep(0)
+            commits, held, release = [], asyncio.Event(), asyncio.Event()
+            commit = cp.store._commit
+
+            async def slow_commit(unit, **kw):  # every commit waits for the test
+                commits.append(unit)
+                held.set()
+                await release.wait()
+                return await commit(unit, **kw)
+
+            cp.store._commit = slow_commit  # type: ignore[method-assign]
+            now = datetime.now(UTC)
+            lines = [LogEntry(stream="iopub", ts=now, text=t) for t in ('{"a": 1}', '{"r": 2}')]
+            done = TaskCompletion(state="succeeded", exit_code=0, logs=LogBatch(seq=0, lines=lines))
+            completing = asyncio.ensure_future(cp.tasks.complete(as_worker(r), task.task_id, done))
+            await held.wait()
+            early_lines = await asyncio.wait_for(follower, 5)  # both answered, commit held
+            early_end = await asyncio.wait_for(waiter, 5)
+            assert [line.text for line in early_lines.lines] == ['{"a": 1}', '{"r": 2}']
+            assert early_end.state == "succeeded"
+            assert (await cp.store.log_page(cell.id, 0, 100)).lines == []  # nothing stored yet
+            assert (await cp.store.get_job(cell.id)).state == "running"
+            release.set()
+            await completing
+            cp.store._commit = commit  # type: ignore[method-assign]
+            assert len(commits) == 1  # the lines and the end: one transaction
+            stored = await cp.store.log_page(cell.id, 0, 100)
+            assert early_lines.lines == stored.lines and stored.complete
+            assert (await cp.jobs.get(cell.id)).state == "succeeded"
+
+    run(body())
