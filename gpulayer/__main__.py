@@ -11,9 +11,10 @@ import sys
 
 def main() -> int:
     """The ``gpulayer`` command, with ``sys.argv``."""
-    from gpulayer.startup import hold_gc
+    from gpulayer.startup import hold_gc, skip_pydantic_plugins
 
     hold_gc()  # released once the command is parsed, or once a worker registered (ADR 0147)
+    skip_pydantic_plugins()  # a gpulayer command uses none (ADR 0148)
     # A None entry makes `from ._main import main` in httpx fail, and httpx then
     # defines a stand-in; typeshed allows only modules in sys.modules.
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]

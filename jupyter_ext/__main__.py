@@ -2,9 +2,10 @@
 
 import sys
 
-from gpulayer.startup import hold_gc
+from gpulayer.startup import hold_gc, skip_pydantic_plugins
 
 hold_gc()  # until the control plane is ready (ADR 0147)
+skip_pydantic_plugins()  # the headless control plane uses none (ADR 0148)
 
 # jsonschema (through jupyter_events) loads a checker for each optional string
 # format whose library is installed. No gpulayer or Jupyter event schema uses a

@@ -226,3 +226,20 @@ class Proxy:
                     dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+
+
+def fake_pydantic_plugin(root: Path) -> dict[str, str]:
+    """An installed distribution in ``root`` whose pydantic plugin prints "plugin
+    loaded" on stderr once loaded; the environment of a process that has it."""
+    (root / "glfake_plugin.py").write_text(
+        "import sys\nprint('plugin loaded', file=sys.stderr)\n"
+        "class Plugin:\n"
+        "    def new_schema_validator(self, *args, **kwargs):\n"
+        "        return None, None, None\n"
+        "plugin = Plugin()\n"
+    )
+    info = root / "glfake_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: glfake-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pydantic]\nglfake = glfake_plugin:plugin\n")
+    return {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}

@@ -18,11 +18,13 @@ import httpx
 import psutil
 import pytest
 
+import gpulayer as gl
 from gpulayer import contracts
 from gpulayer.cli.cluster import LocalCluster
 from gpulayer.cli.processes import free_port
 from gpulayer.errors import GpulayerError
 
+from ..support import fake_pydantic_plugin
 from .conftest import FAST
 
 
@@ -170,3 +172,17 @@ def test_the_control_plane_collects_garbage_once_it_is_up(tmp_path: Path) -> Non
         while (now := passes()) == first and time.monotonic() < deadline:
             pass
     assert now > first
+
+
+def test_the_control_plane_and_workers_load_no_pydantic_plugin(tmp_path: Path) -> None:
+    """A pydantic plugin installed beside gpulayer (an entry point) is not looked
+    for by the headless control plane or a worker (ADR 0148), through a whole call."""
+    site = tmp_path / "site"
+    site.mkdir()
+    env = fake_pydantic_plugin(site)
+    with LocalCluster(tmp_path / "data", workers=1, env={"PYTHONPATH": env["PYTHONPATH"]},
+                      **FAST) as cluster, cluster.connection() as conn:  # fmt: skip
+        assert gl.remote(lambda x: x + 1, connection=conn).run(1) == 2
+        logs = [cluster.log_path(), cluster.log_path(cluster.workers[0])]
+        assert all(path.exists() for path in logs)
+        assert not any("plugin loaded" in path.read_text() for path in logs)

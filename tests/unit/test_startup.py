@@ -4,6 +4,8 @@ interpreters: the collector's state is the whole process's."""
 import subprocess
 import sys
 
+from ..support import fake_pydantic_plugin
+
 SCRIPT = """
 import gc
 from gpulayer.startup import hold_gc, release_gc
@@ -40,3 +42,22 @@ def test_the_entry_points_release_what_they_hold() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stderr.strip().endswith("True")
+
+
+MODEL = "import pydantic\nclass M(pydantic.BaseModel):\n    a: int\nM(a=1)\n"
+
+
+def test_a_gpulayer_command_loads_no_pydantic_plugin_and_a_notebook_keeps_them(tmp_path) -> None:
+    env = fake_pydantic_plugin(tmp_path)
+
+    def stderr(code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=60, check=True)  # fmt: skip
+        return done.stderr
+
+    assert "plugin loaded" in stderr("import gpulayer\n" + MODEL)  # a notebook's process
+    command = (
+        "import sys; sys.argv = ['gpulayer', 'completion', 'bash'];"
+        "import gpulayer.__main__ as m; m.main()\n"
+    )
+    assert "plugin loaded" not in stderr(command + MODEL)  # the `gpulayer` command's
