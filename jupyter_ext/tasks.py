@@ -227,43 +227,51 @@ class Tasks:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
         task = await self.current(reporter, task_id)
-        # Lines that ride the completion commit with its end, in one transaction.
+        # Lines that ride the completion commit with its end, in one transaction; a
+        # cell's follower has them first, before the end is worked out (ADR 0112).
         riding = done.logs if done.logs is not None and not task.ended else None
+        lines: list[tuple[Any, ...]] = []
+        arriving: Arriving | None = None
+        if riding is not None:
+            lines = await self._masked(task, riding)
+            arriving = await self._announce(task, riding.seq, lines)
+            if arriving is not None:
+                await asyncio.sleep(0)  # the woken follower answers now
         if done.reason is not None:  # it lands in the job's reason and events
             masker = await self._secrets.masker(task.job_id)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
         answer: TaskRecord | None = None  # the task as ended, when known without a read
         if not task.ended:
             job: JobRecord | None = None
-            async with core.lock:
-                task = await core.task(task_id)
-                if task.ended:  # in the meantime (a lease ran out)
-                    await self._fence(task)
-                    if riding is not None:
-                        await self._append_logs(task, riding)
-                else:
-                    now = core.clock()
-                    job = await core.job(task.job_id)
-                    stmts = await self._ending(task, done, now, job)
-                    lines = [] if riding is None else await self._masked(task, riding)
-                    arriving = None
-                    if riding is not None:  # the follower has them before the end
-                        arriving = await self._announce(task, riding.seq, lines)
-                    early = await self._early(task, done, now, job)
-                    if early is not None:  # the waiting caller has it while this commits
-                        answer = next(t for t in early.tasks if t.id == task_id)
-                        core.ending[task.job_id] = early
-                        core.notifier.notify(job_key(task.job_id))
-                        # A small commit runs on the loop (docs/adr/0139): let the
-                        # woken caller answer first, as it would during a hand-off.
-                        await asyncio.sleep(0)
-                    try:
-                        if riding is None:
-                            await core.store.apply(stmts)
-                        else:
-                            await self._commit_lines(task, riding.seq, lines, stmts, arriving)
-                    finally:
-                        core.ending.pop(task.job_id, None)
+            try:
+                async with core.lock:
+                    task = await core.task(task_id)
+                    if task.ended:  # in the meantime (a lease ran out)
+                        await self._fence(task)
+                        if riding is not None:
+                            await self._commit_lines(task, riding.seq, lines, [], arriving)
+                    else:
+                        now = core.clock()
+                        job = await core.job(task.job_id)
+                        stmts = await self._ending(task, done, now, job)
+                        early = await self._early(task, done, now, job)
+                        if early is not None:  # the waiting caller has it while this commits
+                            answer = next(t for t in early.tasks if t.id == task_id)
+                            core.ending[task.job_id] = early
+                            core.notifier.notify(job_key(task.job_id))
+                            # A small commit runs on the loop (docs/adr/0139): let the
+                            # woken caller answer first, as it would during a hand-off.
+                            await asyncio.sleep(0)
+                        try:
+                            if riding is None:
+                                await core.store.apply(stmts)
+                            else:
+                                await self._commit_lines(task, riding.seq, lines, stmts, arriving)
+                        finally:
+                            core.ending.pop(task.job_id, None)
+            finally:  # refused or failed: the follower no longer has lines not stored
+                if arriving is not None and core.arriving.get(task.job_id) is arriving:
+                    del core.arriving[task.job_id]
             job = job or await core.job(task.job_id)
             kind = core.spec(job).kind
             # A call or a cell a second is no news in the server's log; the rest is.
