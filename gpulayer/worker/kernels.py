@@ -105,7 +105,9 @@ class Kernel:
         # guard for clients that stop reading output at the reply; ipyparallel's
         # engines go without it too): the worker reads iopub to the request's `idle`,
         # which comes after every output of the cell (ADR 0142).
-        argv = [interpreter(self.env), "-m", "ipykernel_launcher", "-f", "{connection_file}",
+        # The kernel reads its shell messages on its main thread (ADR 0149).
+        argv = [interpreter(self.env), "-m", "gpulayer.worker.kernel_launcher",
+                "-f", "{connection_file}",
                 "--HistoryManager.enabled=False", "--IPythonKernel._execute_sleep=0"]  # fmt: skip
         spec = KernelSpec(
             argv=argv,
