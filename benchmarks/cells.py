@@ -1,7 +1,10 @@
 """Cell benchmarks: a trivial cell's round trip and print-to-client latency.
 
 Three ways to run the same code in another kernel, side by side in one run on
-the same machine:
+the same machine. All are started first; then the samples alternate between
+them (the order turns at each sample), so that the machine's slow and fast
+spells, which change a way's time by 2x within minutes here, fall on all of them
+alike and the ratios hold:
 
 local ipykernel (the floor)
     A headless ipykernel on this machine driven by jupyter_client
@@ -17,7 +20,7 @@ gpulayer, warm session
     channel (the default, docs/channel.md) and over the HTTP long-poll fallback
     (``GPULAYER_CHANNEL=http`` for the client and the worker).
 
-Two measures per way, after warm-up:
+Two measures per way, after warm-up (all round trips, then all first outputs):
 
 round trip
     ``a = 1``: from submitting the code to knowing it finished.
@@ -31,6 +34,7 @@ It measures and reports; it never asserts. Run it as::
 """
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -40,19 +44,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import gpulayer
 from gpulayer.cli.cluster import LocalCluster
-from gpulayer.client import cells
+from gpulayer.client import Connection, cells
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cells.json"
 WARMUP = 5
 TRIVIAL = "a = 1"
 PRINT = "import time; print(repr(time.time()))"
+
+#: A way to run a cell: its round trip (returns nothing) and its first output
+#: (returns the print-to-here latency in seconds).
+Way = tuple[Callable[[], None], Callable[[], float]]
 
 
 def summarize(values_s: Sequence[float]) -> dict[str, float]:
@@ -64,27 +72,40 @@ def summarize(values_s: Sequence[float]) -> dict[str, float]:
             "mean": round(statistics.fmean(ms), 2)}  # fmt: skip
 
 
-def measure(
-    round_trip: Callable[[], None], first_output: Callable[[], float], samples: int
-) -> dict[str, Any]:
-    """Warm up, then time ``round_trip`` and collect ``first_output`` latencies."""
-    for _ in range(WARMUP):
-        round_trip()
-        first_output()
-    trips = []
-    for _ in range(samples):
-        t = time.perf_counter()
-        round_trip()
-        trips.append(time.perf_counter() - t)
-    prints = [first_output() for _ in range(samples)]
-    return {"round_trip_ms": summarize(trips), "first_output_ms": summarize(prints),
-            "round_trip_s": trips, "first_output_s": prints}  # fmt: skip
+def measure(ways: dict[str, Way], samples: int) -> dict[str, dict[str, Any]]:
+    """Warm each way up, then take ``samples`` round trips and first outputs of
+    each, the ways alternating (their order turned at every sample)."""
+    for trip, first in ways.values():
+        for _ in range(WARMUP):
+            trip()
+            first()
+    names = list(ways)
+    trips: dict[str, list[float]] = {name: [] for name in names}
+    prints: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(samples):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            t = time.perf_counter()
+            ways[name][0]()
+            trips[name].append(time.perf_counter() - t)
+    for i in range(samples):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            prints[name].append(ways[name][1]())
+    return {
+        name: {
+            "round_trip_ms": summarize(trips[name]),
+            "first_output_ms": summarize(prints[name]),
+            "round_trip_s": trips[name],
+            "first_output_s": prints[name],
+        }
+        for name in names
+    }
 
 
 # ------------------------------------------------------------------ the ways
 
 
-def local_kernel(samples: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def local_kernel() -> Iterator[Way]:
     """The floor: a local ipykernel over jupyter_client (ipc transport)."""
     from jupyter_client.manager import KernelManager
 
@@ -110,13 +131,14 @@ def local_kernel(samples: int) -> dict[str, Any]:
                 kc.execute_interactive(PRINT, output_hook=hook, timeout=30)
                 return got[0]
 
-            return measure(trip, first, samples)
+            yield trip, first
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
 
 
-def ipyparallel_engine(samples: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def ipyparallel_engine() -> Iterator[Way]:
     """The peer: one ipyparallel engine, ``view.execute(block=True)``."""
     import ipyparallel as ipp
 
@@ -140,17 +162,22 @@ def ipyparallel_engine(samples: int) -> dict[str, Any]:
                     return latency
                 time.sleep(0.0002)
 
-        return measure(trip, first, samples)
+        yield trip, first
     finally:
         rc.close()
         cluster.stop_cluster_sync()
 
 
-def gpulayer_session(samples: int, data_dir: Path, channel: str = "auto") -> dict[str, Any]:
+@contextlib.contextmanager
+def gpulayer_session(data_dir: Path, channel: str = "auto") -> Iterator[Way]:
     """gpulayer: cells in a warm session on a local worker, over the live channel
-    (``auto``) or HTTP long polls (``http``)."""
-    os.environ["GPULAYER_CHANNEL"] = channel  # the worker (a child) and this client
-    with LocalCluster(data_dir, workers=1, slots=2) as cluster, cluster.connection() as conn:
+    (``auto``) or HTTP long polls (``http``, for this client and the worker)."""
+    env = {"GPULAYER_CHANNEL": channel}
+    with (
+        LocalCluster(data_dir, workers=1, slots=2, env=env) as cluster,
+        Connection(cluster.url, cluster.admin_token, fingerprint=cluster.fingerprint,
+                   channel=channel) as conn,
+    ):  # fmt: skip
         cells.ensure_session(conn, "bench")
         deadline = time.monotonic() + 60
         while conn.session("bench").state != "running" and time.monotonic() < deadline:
@@ -171,9 +198,8 @@ def gpulayer_session(samples: int, data_dir: Path, channel: str = "auto") -> dic
             assert latency is not None
             return latency
 
-        result = measure(trip, first, samples)
+        yield trip, first
         conn.end_session("bench")
-        return result
 
 
 # ------------------------------------------------------------------ report
@@ -240,18 +266,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", choices=["local", "ipyparallel", "gpulayer", "gpulayer-http"], action="append"
     )
     args = p.parse_args(argv)
-    ways: dict[str, Any] = {}
     todo = args.only or ["local", "ipyparallel", "gpulayer", "gpulayer-http"]
-    with tempfile.TemporaryDirectory(prefix="gpulayer-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="gpulayer-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        started: dict[str, Way] = {}
         for name in todo:
-            print(f"... {name}", file=sys.stderr, flush=True)
+            print(f"... starting {name}", file=sys.stderr, flush=True)
             if name == "local":
-                ways[name] = local_kernel(args.samples)
+                started[name] = stack.enter_context(local_kernel())
             elif name == "ipyparallel":
-                ways[name] = ipyparallel_engine(args.samples)
+                started[name] = stack.enter_context(ipyparallel_engine())
             else:
                 channel = "http" if name == "gpulayer-http" else "auto"
-                ways[name] = gpulayer_session(args.samples, Path(tmp) / name, channel)
+                started[name] = stack.enter_context(gpulayer_session(Path(tmp) / name, channel))
+        print("... measuring, the ways alternating", file=sys.stderr, flush=True)
+        ways = measure(started, args.samples)
     result = {"machine": machine(), "samples": args.samples, "ways": ways}
     print(render(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
