@@ -21,6 +21,11 @@ gpulayer runs twice: over the live channel (the default, docs/channel.md) and
 over the HTTP long-poll fallback (``gpulayer-http``: ``GPULAYER_CHANNEL=http`` for
 the client and the workers).
 
+With ``--rounds N`` the systems run N times, one after the other in turn, and each
+figure is the median over the rounds: a call's time here changes 2x between
+spells of minutes, and one run per system can catch a peer in a fast spell and
+gpulayer in a slow one, or the reverse.
+
 It prints a table and writes ``benchmarks/results/functions.json`` and ``.md``;
 ratios against Ray are computed from the same run. Peers come from the
 ``bench`` extra (``pip install -e ".[bench]"``); a peer that is not installed
@@ -239,6 +244,36 @@ def _run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
 
 
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's runs as one: each figure the median over the runs that worked
+    (a single run as it is)."""
+    ok = [r for r in runs if "round_trip" in r]
+    if len(runs) == 1 or not ok:
+        return runs[-1]
+
+    def med(path: tuple[str, ...]) -> float:
+        values = []
+        for r in ok:
+            v: Any = r
+            for key in path:
+                v = v[key]
+            values.append(float(v))
+        return statistics.median(values)
+
+    out: dict[str, Any] = dict(ok[-1])
+    out["startup_s"] = med(("startup_s",))
+    out["round_trip"] = {k: med(("round_trip", k)) for k in ok[0]["round_trip"]}
+    out["burst"] = {k: med(("burst", k)) for k in ok[0]["burst"]}
+    out["rounds"] = len(ok)
+    return out
+
+
+def _rounds_note(rounds: int) -> str:
+    if rounds == 1:
+        return ""
+    return f"; {rounds} rounds, the systems alternating, each figure the median of its rounds"
+
+
 def _table(results: dict[str, dict[str, Any]]) -> str:
     ray = results.get("ray", {})
     rows = ["| system | startup to first result (s) | round trip p50 / p90 / p99 (ms) |"
@@ -270,16 +305,21 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--burst", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the systems this many times, alternating, and report"
+                             " each figure's median over the rounds")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "functions.json")
     args = parser.parse_args()
     if args.system:
         _child(args)
         return
     compile_tree(ROOT)
-    results = {}
-    for name in args.only.split(","):
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        results[name] = _run_system(name, args)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.only.split(",")}
+    for r in range(args.rounds):
+        for name, done in runs.items():
+            print(f"round {r + 1}: running {name} ...", file=sys.stderr, flush=True)
+            done.append(_run_system(name, args))
+    results = {name: _median_of(done) for name, done in runs.items()}
     table = _table(results)
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs,"
@@ -287,12 +327,14 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "calls": args.calls,
         "burst": args.burst,
+        "rounds": args.rounds,
     }
     write_results(
         args.out,
         {"meta": meta, "results": results},
         f"# Remote functions vs peers\n\n{meta['machine']}, {meta['when']}; {args.calls} round"
-        f" trips after {args.warmup} warm-up calls, a burst of {args.burst} calls.\n\n"
+        f" trips after {args.warmup} warm-up calls, a burst of {args.burst} calls"
+        f"{_rounds_note(args.rounds)}.\n\n"
         f"{table}\n",
     )
 
