@@ -108,6 +108,11 @@ class Tasks:
             core.notifier.notify(logs_key(task.job_id))
         return arriving
 
+    def _withdraw(self, job_id: str, arriving: Arriving | None) -> None:
+        """Take back lines :meth:`_announce` handed out, once stored or refused."""
+        if arriving is not None and self._core.arriving.get(job_id) is arriving:
+            del self._core.arriving[job_id]
+
     async def _commit_lines(
         self,
         task: TaskRecord,
@@ -127,8 +132,7 @@ class Tasks:
         try:
             n = await core.store.append_logs(task.id, task.job_id, seq, lines, most, over, then)
         finally:
-            if arriving is not None and core.arriving.get(task.job_id) is arriving:
-                del core.arriving[task.job_id]
+            self._withdraw(task.job_id, arriving)
         core.instruments.log_lines.inc(max(0, n - task.log_seq))
         core.notifier.notify(logs_key(task.job_id))
         return LogAck(next_seq=n)
@@ -270,8 +274,7 @@ class Tasks:
                         finally:
                             core.ending.pop(task.job_id, None)
             finally:  # refused or failed: the follower no longer has lines not stored
-                if arriving is not None and core.arriving.get(task.job_id) is arriving:
-                    del core.arriving[task.job_id]
+                self._withdraw(task.job_id, arriving)
             job = job or await core.job(task.job_id)
             kind = core.spec(job).kind
             # A call or a cell a second is no news in the server's log; the rest is.
