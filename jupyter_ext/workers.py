@@ -22,7 +22,9 @@ never acknowledged, does not list, and whose answer is older than the newest it
 took in goes back to the queue as a fresh attempt (its task ends, so anything it
 might still send is refused), instead of ending ``lost``; with no later answer, the
 lease sweep asks :meth:`Workers.never_received` when the lease runs out
-(docs/adr/0136).
+(docs/adr/0136). A worker whose channel or long poll broke does not leave it to
+the lease: it asks for an answer at once (``acquire(..., resync=True)``, empty when
+nothing waits) and heartbeats once it took it (docs/adr/0150).
 """
 
 import logging
@@ -328,22 +330,39 @@ class Workers:
         await self._core.fleet.get(worker_id)
 
     async def acquire(
-        self, worker_id: str, wait: float, reporter: Principal | None = None
+        self,
+        worker_id: str,
+        wait: float,
+        reporter: Principal | None = None,
+        *,
+        resync: bool = False,
     ) -> Acquired | None:
-        """New assignments and cancels for a worker; waits up to ``wait`` s for some."""
+        """New assignments and cancels for a worker; waits up to ``wait`` s for some.
+
+        ``resync`` (a worker whose channel or long poll broke, so an answer may
+        have been lost on the way) answers at once, an empty answer when nothing
+        waits: either way with a fresh ``seq``, so the heartbeat the worker sends
+        once it took it settles any task whose answer never arrived (docs/adr/0150).
+        """
         access.own_worker(reporter, worker_id)
         core = self._core
         await core.fleet.get(worker_id)
-        got = await core.notifier.wait_for(
-            worker_key(worker_id), lambda: self._take(worker_id), wait
-        )
+        if resync:
+            got: Acquired | None = await self._take(worker_id, empty=True)
+        else:
+            got = await core.notifier.wait_for(
+                worker_key(worker_id), lambda: self._take(worker_id), wait
+            )
         if got is not None and any(a.spec.kind == JobKind.session for a in got.assignments):
             await self._placer.schedule()  # the session runs now: place the cells waiting for it
         return got
 
-    async def _take(self, worker_id: str) -> Acquired | None:
+    async def _take(self, worker_id: str, *, empty: bool = False) -> Acquired | None:
         """Start the worker's scheduled tasks and collect its cancels, interrupts and
-        the tasks started when they were submitted (:meth:`start_at_submit`)."""
+        the tasks started when they were submitted (:meth:`start_at_submit`); None
+        when there is nothing, unless ``empty`` asks for an answer anyway. Its
+        ``seq`` is taken under the lock, so an answer carries every task started
+        before it (a worker that took it and does not list one never received it)."""
         core = self._core
         async with core.lock:
             cancels = core.mailbox.cancels(worker_id)
@@ -352,7 +371,7 @@ class Workers:
             scheduled = [
                 t for t in await core.store.active_tasks(worker_id) if t.state == JobState.scheduled
             ]
-            if not scheduled and not cancels and not interrupts and not ready:
+            if not scheduled and not cancels and not interrupts and not ready and not empty:
                 return None
             seq = self._next_seq()
             stmts: list[Statement] = []

@@ -186,6 +186,11 @@ class Agent:
             self._uplink.channel = self._channel
         self._channel_at = 0.0  # when to try the channel again (loop time)
         self._channel_failures = 0
+        # An acquire path broke (a channel closed, a long poll failed): an answer may
+        # have been lost on the way. The next one asks for a fresh seq at once, and a
+        # heartbeat follows it (docs/adr/0150).
+        self._resync_due = False
+        self._beats: set[asyncio.Task[None]] = set()
 
     async def _open_relay(self, job_id: str) -> ClientConnection:
         """The worker's end of kernel ``job_id``'s relay (docs/kernels.md)."""
@@ -376,19 +381,29 @@ class Agent:
             hold = _ACQUIRE_WAIT_SECONDS
             if self._channel is not None:  # back to the channel when it is due
                 hold = max(1, min(hold, round(self._channel_at - loop.time())))
+            params = {"wait": hold}
+            resync = self._resync_due
+            if resync:
+                params["resync"] = 1
             try:
+                # Not retried inside: a poll that broke may have lost its answer, so
+                # the next one asks again with resync (the heartbeats warn of outages).
                 resp = await self._uplink.call(
-                    "POST", "acquire", params={"wait": hold}, worker_route=True
+                    "POST", "acquire", params=params, worker_route=True, retry=False
                 )
                 if resp.is_success:
                     if resp.status_code != 204:  # 204: the hold ran out; ask again at once
-                        self._dispatch(c.Acquired.model_validate(resp.json()))
+                        self._dispatch(c.Acquired.model_validate(resp.json()), resync=resync)
                     delay = BACKOFF_START_SECONDS
                     continue
                 if delay == BACKOFF_START_SECONDS:  # once per streak of refusals
                     log.warning("acquire refused: %s; retrying", describe(resp))
+            except httpx.TransportError as e:
+                if delay == BACKOFF_START_SECONDS:
+                    log.info("acquire broke (%s: %s); polling again", type(e).__name__, e)
             except Exception:  # a loop of the agent: log, back off, poll again
                 log.exception("acquire failed; retrying")
+            self._resync_due = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_CAP_SECONDS)
 
@@ -399,8 +414,14 @@ class Agent:
         loop = asyncio.get_running_loop()
         uplink = self._uplink
         opened = loop.time()
+        # The channel's first push comes at once, with a fresh seq (docs/adr/0150).
+        first = [self._resync_due]
+
+        def on_push(acquired: c.Acquired) -> None:
+            self._dispatch(acquired, resync=first.pop() if first else False)
+
         try:
-            why = await self._channel.serve(uplink.worker_id, uplink.worker_token, self._dispatch)
+            why = await self._channel.serve(uplink.worker_id, uplink.worker_token, on_push)
         except ChannelRefused as e:
             if e.status in (401, 404):  # the control plane forgot this worker
                 await uplink.register_again()
@@ -422,6 +443,7 @@ class Agent:
         except Exception:  # a loop of the agent: log, long polls meanwhile
             log.exception("channel failed")
             self._channel_at = loop.time() + BACKOFF_CAP_SECONDS
+            self._resync_due = True
         else:
             if self._channel_failures:
                 log.info("worker %s: live channel open again", self.name)
@@ -429,11 +451,28 @@ class Agent:
             log.info("worker %s: channel closed (%s); opening it again", self.name, why)
             if loop.time() - opened < 1.0:  # closed as soon as opened: never spin
                 self._channel_at = loop.time() + BACKOFF_START_SECONDS
+            self._resync_due = True  # what it pushed last may not have arrived
 
-    def _dispatch(self, acquired: c.Acquired) -> None:
+    def _dispatch(self, acquired: c.Acquired, *, resync: bool = False) -> None:
+        """Take an acquire answer in. After ``resync`` (the first answer since an
+        acquire path broke), a heartbeat goes at once: it lists every task this
+        worker has, with this answer's seq, so the control plane sends back to the
+        queue any task whose answer was lost with the old path, without waiting
+        for its lease (docs/adr/0150)."""
         # Heartbeats built from now on list this answer's tasks (docs/api.md).
         self._acquired_seq = max(self._acquired_seq or 0, acquired.seq)
         self._pipeline.take(acquired)
+        if resync:
+            self._resync_due = False
+            beat = asyncio.get_running_loop().create_task(self._resync_beat())
+            self._beats.add(beat)
+            beat.add_done_callback(self._beats.discard)
+
+    async def _resync_beat(self) -> None:
+        try:
+            await self._heartbeat(retry=False)
+        except Exception:  # the heartbeat loop beats again anyway
+            log.exception("heartbeat after a resync failed")
 
     def _running_ids(self) -> list[str]:
         """Tasks whose results are not delivered yet (their leases must stay alive)."""

@@ -297,11 +297,16 @@ class WorkerChannelHandler(ChannelHandler):
         self._spawn(self._push(kwargs["worker_id"]), self._loops)
 
     async def _push(self, worker_id: str) -> None:
-        """The acquire long poll, re-armed for as long as the channel is open."""
+        """The acquire long poll, re-armed for as long as the channel is open. The
+        first answer goes at once, empty when nothing waits: its fresh ``seq`` lets a
+        worker whose previous channel broke show which answers never reached it
+        (docs/adr/0150)."""
         hold = self.limits.long_poll_seconds
+        resync = True
         while self.ws_connection is not None and not self.ws_connection.is_closing():
             try:
-                got = await self.gl.workers.acquire(worker_id, hold, self.who)
+                got = await self.gl.workers.acquire(worker_id, hold, self.who, resync=resync)
+                resync = False
             except NotFound:
                 self.close(4404, "unknown worker: register again")
                 return

@@ -92,9 +92,14 @@ class AcquireHandler(GpulayerAPIHandler):
     @allow_unauthenticated
     @requires("worker")
     async def post(self, worker_id: str) -> None:
-        """200 with ``Acquired`` the moment there is work, else 204 after the hold."""
+        """200 with ``Acquired`` the moment there is work, else 204 after the hold;
+        with ``resync=1`` (the worker's previous acquire broke) 200 at once, an
+        empty answer when nothing waits (docs/adr/0150)."""
         wait = self.wait_arg(default=self.limits.long_poll_seconds)
-        got = await self.long_poll(self.gl.workers.acquire(worker_id, wait, self.who))
+        resync = self.int_arg("resync", 0, 0, 1) == 1
+        got = await self.long_poll(
+            self.gl.workers.acquire(worker_id, wait, self.who, resync=resync)
+        )
         self.reply_or_204(got)
 
 

@@ -160,9 +160,14 @@ def test_a_worker_receives_its_assignment_pushed_and_completes_over_the_channel(
     got = contracts.Registered.model_validate_json(answer.content)
     try:
         with _open(cluster, f"workers/{got.worker_id}/channel", got.token) as ws:
+            # A new channel's first push comes at once, empty here, with a fresh seq
+            # (docs/adr/0150).
+            synced = contracts.ChannelPush.model_validate_json(ws.recv(timeout=60)).acquired
+            assert synced.assignments == [] and synced.seq > 0
             job = gl.submit("true", selector={"only": "pushed"}, connection=conn)
             push = contracts.ChannelPush.model_validate_json(ws.recv(timeout=60))
             (assignment,) = push.acquired.assignments
+            assert push.acquired.seq > synced.seq
             assert assignment.job_id == job.id
             assert conn.job(job.id).state == "running"  # taken the durable way, as an acquire
             batch = {"seq": 0, "lines": [{"stream": "stdout", "text": "hi", "ts": time.time()}]}

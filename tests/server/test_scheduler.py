@@ -493,6 +493,35 @@ def test_a_fresh_worker_whose_first_answer_was_lost_gets_the_task_again(world):
     run(body())
 
 
+def test_a_resync_answers_at_once_and_its_heartbeat_takes_back_a_lost_answer(world):
+    """A worker whose channel or poll broke asks with ``resync``: the answer comes at
+    once, empty when nothing waits, with a seq past every answer before it; the
+    heartbeat built once it took it settles the lost task (docs/adr/0150)."""
+
+    async def body():
+        async with world() as (sched, _):
+            r = await sched.workers.register(reg("box"))
+            await sched.jobs.submit(spec(), "u")
+            warm = await sched.workers.acquire(r.worker_id, 0)  # taken: seen
+            job = await sched.jobs.submit(spec(), "u")
+            lost = await sched.workers.acquire(r.worker_id, 0)  # never arrives
+            synced = await sched.workers.acquire(r.worker_id, 30, resync=True)  # no wait
+            assert synced is not None and synced.assignments == [] and synced.seq > lost.seq
+            [heard] = warm.assignments
+            beat = Heartbeat(running_tasks=[heard.task_id], acquired_seq=synced.seq)
+            await sched.workers.heartbeat(r.worker_id, beat)
+            j = await sched.jobs.get(job.id)
+            assert j.state in ("queued", "scheduled") and j.attempts <= 1
+            assert "never reached" in (j.tasks[0].reason or "")
+            assert (await sched.jobs.get(heard.job_id)).state == "running"
+            # With work waiting, the resync answer is that work: the job again.
+            again = await sched.workers.acquire(r.worker_id, 0, resync=True)
+            assert again is not None and again.seq > synced.seq
+            assert [a.job_id for a in again.assignments] == [job.id]
+
+    run(body())
+
+
 def test_a_lost_answer_with_no_later_one_goes_back_to_the_queue_at_its_lease(world):
     async def body():
         async with world() as (sched, clock):

@@ -374,3 +374,23 @@ async def test_the_job_list_flags_a_job_no_worker_could_ever_run(gl_api):
     _, listed = await gl_api("jobs", params={"state": "queued"})
     flagged = {j["id"]: j["reason"] for j in listed["jobs"] if j["unsatisfiable"]}
     assert flagged[pair["id"]].startswith("unsatisfiable: a gang of 2 nodes needs 2 workers")
+
+
+async def test_a_resync_acquire_answers_at_once_and_a_bad_one_names_the_field(gl_api):
+    """``acquire?resync=1`` (the worker's previous acquire broke) does not hold: an
+    empty answer with a fresh seq (docs/adr/0150)."""
+    reg = await join(gl_api)
+    wid, tok = reg["worker_id"], reg["token"]
+    acquire = ("workers", wid, "acquire")
+    status, got = await gl_api(
+        *acquire, method="POST", params={"wait": "30", "resync": "1"}, token=tok
+    )
+    assert status == 200 and got["assignments"] == [] and got["seq"] > 0
+    status, again = await gl_api(
+        *acquire, method="POST", params={"wait": "0", "resync": "1"}, token=tok
+    )
+    assert status == 200 and again["seq"] > got["seq"]
+    status, err = await gl_api(
+        *acquire, method="POST", params={"wait": "0", "resync": "yes"}, token=tok
+    )
+    assert status == 400 and err["field"] == "resync"
