@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Self
 
 import httpx
+import psutil
 
 from gpulayer import contracts, tls
 from gpulayer.cli.processes import (
@@ -503,6 +504,15 @@ class LocalCluster:
                 f"the control plane is up but its tokens are unreadable: {e}"
             ) from e
 
+    def _listening(self, pid: int) -> bool:
+        """Whether process ``pid`` (this cluster's control plane) listens on the port."""
+        try:
+            proc = psutil.Process(pid)
+            sockets = proc.net_connections("inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+        return any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets)
+
     def _wait_healthy(self) -> None:
         assert self._server is not None
         url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
@@ -515,7 +525,9 @@ class LocalCluster:
                         exited("the control plane", self._server.returncode, self.log_path())
                     )
                 try:
-                    if http.get(url).status_code == 200:
+                    # Another server on this port (ours then fails to bind it, and
+                    # exits with its reason in the log) is not our control plane.
+                    if http.get(url).status_code == 200 and self._listening(self._server.pid):
                         return
                 except httpx.TransportError:
                     pass  # not listening yet

@@ -100,7 +100,12 @@ def signal_if_running(proc: "subprocess.Popen[bytes]", sig: int) -> None:
 
 
 def reap(proc: "subprocess.Popen[bytes]") -> None:
-    """Wait for ``proc``; SIGKILL its process group when it does not exit in time."""
+    """Wait for ``proc``; SIGKILL its process group when it does not exit in time.
+    Its stdin pipe, if it still has one (a worker stopped before its join token
+    came), is closed."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        with contextlib.suppress(OSError):  # it exited: the pipe is broken
+            proc.stdin.close()
     try:
         proc.wait(timeout=STOP_GRACE_SECONDS)
     except subprocess.TimeoutExpired:

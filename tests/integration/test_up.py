@@ -93,6 +93,23 @@ def test_a_second_control_plane_on_the_same_data_dir_stops_at_once(tmp_path: Pat
         assert "--data-dir" in str(info.value)
 
 
+def test_a_control_plane_whose_port_another_one_holds_fails_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """The other server answers health on that port, but it is not this cluster's:
+    the start waits for its own control plane, which cannot bind, and says why
+    (instead of going on with the other one, or blaming unreadable tokens)."""
+    with LocalCluster(tmp_path / "a", workers=0) as first:
+        second = LocalCluster(tmp_path / "b", workers=1, port=first.port)
+        with pytest.raises(GpulayerError) as info:
+            second.start()
+        assert "control plane exited" in str(info.value)
+        assert f"port {first.port} is not available" in str(info.value)
+        assert second.workers == [] and second.server_pid is None  # nothing left running
+        with first.connection() as conn:
+            assert conn.workers() == []  # no worker of the second joined the first
+
+
 def test_on_a_new_data_dir_workers_start_beside_the_control_plane(tmp_path: Path) -> None:
     """The local worker starts while the control plane does and gets its join token
     on stdin, not in its arguments or environment; on the data dir's next starts
