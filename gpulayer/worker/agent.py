@@ -381,10 +381,7 @@ class Agent:
             hold = _ACQUIRE_WAIT_SECONDS
             if self._channel is not None:  # back to the channel when it is due
                 hold = max(1, min(hold, round(self._channel_at - loop.time())))
-            params = {"wait": hold}
-            resync = self._resync_due
-            if resync:
-                params["resync"] = 1
+            params = {"wait": hold, "resync": int(self._resync_due)}
             try:
                 # Not retried inside: a poll that broke may have lost its answer, so
                 # the next one asks again with resync (the heartbeats warn of outages).
@@ -393,7 +390,7 @@ class Agent:
                 )
                 if resp.is_success:
                     if resp.status_code != 204:  # 204: the hold ran out; ask again at once
-                        self._dispatch(c.Acquired.model_validate(resp.json()), resync=resync)
+                        self._dispatch(c.Acquired.model_validate(resp.json()))
                     delay = BACKOFF_START_SECONDS
                     continue
                 if delay == BACKOFF_START_SECONDS:  # once per streak of refusals
@@ -414,14 +411,9 @@ class Agent:
         loop = asyncio.get_running_loop()
         uplink = self._uplink
         opened = loop.time()
-        # The channel's first push comes at once, with a fresh seq (docs/adr/0150).
-        first = [self._resync_due]
-
-        def on_push(acquired: c.Acquired) -> None:
-            self._dispatch(acquired, resync=first.pop() if first else False)
-
         try:
-            why = await self._channel.serve(uplink.worker_id, uplink.worker_token, on_push)
+            # Its first push comes at once, with a fresh seq (docs/adr/0150).
+            why = await self._channel.serve(uplink.worker_id, uplink.worker_token, self._dispatch)
         except ChannelRefused as e:
             if e.status in (401, 404):  # the control plane forgot this worker
                 await uplink.register_again()
@@ -453,16 +445,16 @@ class Agent:
                 self._channel_at = loop.time() + BACKOFF_START_SECONDS
             self._resync_due = True  # what it pushed last may not have arrived
 
-    def _dispatch(self, acquired: c.Acquired, *, resync: bool = False) -> None:
-        """Take an acquire answer in. After ``resync`` (the first answer since an
-        acquire path broke), a heartbeat goes at once: it lists every task this
-        worker has, with this answer's seq, so the control plane sends back to the
-        queue any task whose answer was lost with the old path, without waiting
+    def _dispatch(self, acquired: c.Acquired) -> None:
+        """Take an acquire answer in. The first answer since an acquire path broke
+        (asked with resync) is followed by a heartbeat at once: it lists every task
+        this worker has, with this answer's seq, so the control plane sends back to
+        the queue any task whose answer was lost with the old path, without waiting
         for its lease (docs/adr/0150)."""
         # Heartbeats built from now on list this answer's tasks (docs/api.md).
         self._acquired_seq = max(self._acquired_seq or 0, acquired.seq)
         self._pipeline.take(acquired)
-        if resync:
+        if self._resync_due:
             self._resync_due = False
             beat = asyncio.get_running_loop().create_task(self._resync_beat())
             self._beats.add(beat)

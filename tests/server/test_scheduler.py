@@ -493,6 +493,17 @@ def test_a_fresh_worker_whose_first_answer_was_lost_gets_the_task_again(world):
     run(body())
 
 
+async def warm_then_lost(sched):
+    """A worker "box" that took one answer (its task runs), then one more job whose
+    answer never arrives: the registration, both answers and the second job."""
+    r = await sched.workers.register(reg("box"))
+    await sched.jobs.submit(spec(), "u")
+    warm = await sched.workers.acquire(r.worker_id, 0)  # taken: seen
+    job = await sched.jobs.submit(spec(), "u")
+    lost = await sched.workers.acquire(r.worker_id, 0)  # never arrives
+    return r, warm, job, lost
+
+
 def test_a_resync_answers_at_once_and_its_heartbeat_takes_back_a_lost_answer(world):
     """A worker whose channel or poll broke asks with ``resync``: the answer comes at
     once, empty when nothing waits, with a seq past every answer before it; the
@@ -500,11 +511,7 @@ def test_a_resync_answers_at_once_and_its_heartbeat_takes_back_a_lost_answer(wor
 
     async def body():
         async with world() as (sched, _):
-            r = await sched.workers.register(reg("box"))
-            await sched.jobs.submit(spec(), "u")
-            warm = await sched.workers.acquire(r.worker_id, 0)  # taken: seen
-            job = await sched.jobs.submit(spec(), "u")
-            lost = await sched.workers.acquire(r.worker_id, 0)  # never arrives
+            r, warm, job, lost = await warm_then_lost(sched)
             synced = await sched.workers.acquire(r.worker_id, 30, resync=True)  # no wait
             assert synced is not None and synced.assignments == [] and synced.seq > lost.seq
             [heard] = warm.assignments
@@ -525,11 +532,7 @@ def test_a_resync_answers_at_once_and_its_heartbeat_takes_back_a_lost_answer(wor
 def test_a_lost_answer_with_no_later_one_goes_back_to_the_queue_at_its_lease(world):
     async def body():
         async with world() as (sched, clock):
-            r = await sched.workers.register(reg("box"))
-            await sched.jobs.submit(spec(), "u")
-            warm = await sched.workers.acquire(r.worker_id, 0)  # taken: seen
-            job = await sched.jobs.submit(spec(), "u")
-            await sched.workers.acquire(r.worker_id, 0)  # never arrives
+            r, warm, job, _ = await warm_then_lost(sched)
             [heard] = warm.assignments
             for _ in range(11):  # it heartbeats through the 10 s lease without the task
                 clock.now += 1
