@@ -560,10 +560,14 @@ class Jobs:
                     f"job {job_id} already {row.state}; there is nothing to cancel"
                 )
             stmts = await self._cancelling(row, reason or f"cancelled by {by}")
+            # Committed under the lock, like every state change: a placement pass
+            # waiting for the lock then finds the job out of the queue. Committed
+            # after it, the pass could place the job from the queue as it was
+            # before the cancel, and the cancelled job would run.
+            if stmts:
+                await core.store.apply(stmts)
         if stmts is None:  # already asked
             return await self.get(job_id, viewer)
-        if stmts:
-            await core.store.apply(stmts)
         core.notify_job(job_id)
         log.info("job %s: cancel requested", job_id)
         return await self.get(job_id, viewer)

@@ -360,6 +360,51 @@ def test_a_cancelled_job_keeps_the_users_reason_and_the_cancel_is_sent_again(wor
     run(body())
 
 
+def test_a_queued_job_whose_cancel_is_still_committing_is_not_placed(world):
+    """A placement pass that starts while a queued job's cancel commits (a commit
+    that waits for the writer, as under load) waits for it: the cancelled job gets
+    no task and runs nowhere. Before, the pass placed the job from the queue as it
+    was before the cancel, and the job ran after its cancel was answered."""
+
+    async def body():
+        async with world() as (sched, _):
+            job = await sched.jobs.submit(spec(), "u")  # no worker yet: queued
+            passes = sched.placer.schedule
+            sched.placer.schedule = no_pass  # the worker arrives without placing it
+            r = await sched.workers.register(reg("box"))
+            sched.placer.schedule = passes
+            store = sched.core.store
+            commits = store.apply
+            entered, go = asyncio.Event(), asyncio.Event()
+
+            async def held(stmts):  # the cancel's commit, held until the pass has run
+                entered.set()
+                await go.wait()
+                await commits(stmts)
+
+            store.apply = held
+            cancel = asyncio.ensure_future(sched.jobs.cancel(job.id, "ada"))
+            await entered.wait()
+            store.apply = commits
+            placing = asyncio.ensure_future(sched.placer.schedule())
+            for _ in range(100):  # all on the loop: a pass that may run ends within these
+                if placing.done():
+                    break
+                await asyncio.sleep(0)
+            go.set()
+            await cancel
+            await placing
+            assert (await sched.jobs.get(job.id)).state == "cancelled"
+            assert await sched.core.store.tasks_of_job(job.id) == []
+            assert await sched.workers.acquire(r.worker_id, 0) is None
+
+    run(body())
+
+
+async def no_pass():
+    return 0
+
+
 def test_telemetry_keeps_a_bounded_window_and_the_latest_reading_shows_on_the_worker(world):
     from gpulayer.contracts import GpuSample, TaskSample
 
