@@ -9,6 +9,10 @@ control plane, worker and runner or kernel; writes nothing, asserts nothing.
 
     .venv/bin/python benchmarks/ab.py --base /path/to/main --head . --calls 500
     .venv/bin/python benchmarks/ab.py --base /path/to/main --head . --cells
+    .venv/bin/python benchmarks/ab.py --base /path/to/main --head . --prints
+
+``--prints`` times a session cell's first output instead of its round trip: from
+``print(time.time())`` in the kernel to the text arriving here (as ``cells.py``).
 """
 
 import argparse
@@ -43,25 +47,33 @@ def cpu_of(cluster: LocalCluster) -> tuple[float, float, float]:
     return seconds[0], seconds[1], sum(seconds[2:])
 
 
-def caller(cluster: LocalCluster, use_cells: bool) -> Callable[[int], None]:
-    """One warm call on ``cluster``: ``.run`` or a cell in a running session."""
+PRINT = "import time; print(repr(time.time()))"
+
+
+def caller(cluster: LocalCluster, use_cells: bool, prints: bool) -> Callable[[int], float | None]:
+    """One warm call on ``cluster``: ``.run`` or a cell in a running session; with
+    ``prints``, a printing cell, answering its first output's latency (seconds)."""
     conn = cluster.connection()
-    if use_cells:
+    if use_cells or prints:
         cells.ensure_session(conn, "ab")
         deadline = time.monotonic() + 60
         while conn.session("ab").state != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
 
-        def cell(i: int) -> None:
-            run = cells.submit(conn, "a = 1", session="ab")
-            for _ in run.messages():
-                pass
+        def cell(i: int) -> float | None:
+            run = cells.submit(conn, PRINT if prints else "a = 1", session="ab")
+            first = None
+            for msg in run.messages():
+                if prints and first is None and msg.msg_type == "stream":
+                    first = time.time() - float(msg.content["text"])
+            return first
 
         return cell
     f = gl.remote(lambda x: x + 1, connection=conn)
 
-    def call(i: int) -> None:
+    def call(i: int) -> float | None:
         assert f.run(i) == i + 1
+        return None
 
     return call
 
@@ -73,6 +85,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--cells", action="store_true", help="warm session cells, not .run")
+    parser.add_argument(
+        "--prints", action="store_true", help="a session cell's first output, not a round trip"
+    )
     args = parser.parse_args()
     roots = {"base": args.base.resolve(), "head": args.head.resolve()}
     with contextlib.ExitStack() as stack:
@@ -81,7 +96,7 @@ def main() -> None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"gl-ab-{name}-"))
             cluster = LocalCluster(tmp, workers=1, slots=2, env={"PYTHONPATH": str(root)})
             clusters[name] = stack.enter_context(cluster)
-        calls = {name: caller(c, args.cells) for name, c in clusters.items()}
+        calls = {name: caller(c, args.cells, args.prints) for name, c in clusters.items()}
         for i in range(args.warmup):
             for call in calls.values():
                 call(i)
@@ -90,10 +105,10 @@ def main() -> None:
         for i in range(args.calls):
             for name in list(calls) if i % 2 else list(reversed(calls)):
                 t = time.perf_counter()
-                calls[name](i)
-                walls[name].append(time.perf_counter() - t)
+                first = calls[name](i)
+                walls[name].append(time.perf_counter() - t if first is None else first)
         after = {name: cpu_of(c) for name, c in clusters.items()}
-    what = "cells" if args.cells else ".run calls"
+    what = "first outputs" if args.prints else "cells" if args.cells else ".run calls"
     print(f"{args.calls} {what} each, load {os.getloadavg()[0]:.1f}")
     for name, w in walls.items():
         w.sort()
