@@ -1,5 +1,10 @@
 """A control plane on a real SQLite store with a clock the test moves by hand, for
-service tests that need no HTTP (``async with plane_on(tmp_path) as (cp, clock)``)."""
+service tests that need no HTTP (``async with plane_on(tmp_path) as (cp, clock)``).
+
+Its store refuses a state change committed while nobody holds the control plane's
+lock: every test on it checks that a job's or task's state changes only under
+``core.lock`` (a change committed after the lock was let go races the placement
+pass; the cancel once did, and a cancelled job ran)."""
 
 import contextlib
 from collections.abc import AsyncIterator
@@ -26,6 +31,25 @@ async def plane_on(folder: Path, **kw: Any) -> AsyncIterator[tuple[ControlPlane,
             store, BlobStore(folder / "blobs"), Notifier(), TokenService(store, clock),
             clock=clock, **kw,
         )  # fmt: skip
+        _refuse_unlocked_state_changes(plane)
         yield plane, clock
     finally:
         await store.close()
+
+
+#: Statements that change a job's or a task's state, or give a job a task.
+_STATE_CHANGES = ("UPDATE jobs SET state", "UPDATE tasks SET state", "INSERT INTO tasks")
+
+
+def _refuse_unlocked_state_changes(plane: ControlPlane) -> None:
+    store, lock = plane.core.store, plane.core.lock
+    apply = store.apply
+
+    async def locked_apply(statements: Any) -> None:
+        stmts = list(statements)
+        changes = [sql for sql, _ in stmts if sql.startswith(_STATE_CHANGES)]
+        if changes and not lock.locked():
+            raise AssertionError(f"a state change committed without the lock: {changes[0]!r}")
+        await apply(stmts)
+
+    store.apply = locked_apply  # type: ignore[method-assign]
