@@ -26,8 +26,9 @@ from gpulayer.contracts import (
     LogAck,
     LogBatch,
     LogStream,
+    SessionSpec,
 )
-from gpulayer.worker.kernel_runs import CellTaskRun
+from gpulayer.worker.kernel_runs import CellTaskRun, SessionRun
 from gpulayer.worker.kernels import Kernel, KernelHost, session_key
 from gpulayer.worker.logs import LogShipper
 from gpulayer.worker.process import CommandRun
@@ -575,3 +576,32 @@ def test_a_cell_whose_kernel_is_shut_down_under_it_ends_saying_so(tmp_path: Path
 
     outcome = asyncio.run(scenario())
     assert outcome.state == "failed" and "kernel" in (outcome.reason or ""), outcome
+
+
+def test_a_session_ended_as_its_successor_arrives_leaves_the_successor_awaited(
+    tmp_path: Path,
+) -> None:
+    """``%gpulayer end s`` then a new session ``s`` on the same worker: the new
+    session's assignment comes while the old kernel still shuts down. The old run's
+    end no longer tells the new session's waiting cells that no kernel will come
+    (before, a first cell in the new session failed with "session 's' is not
+    running on this worker")."""
+
+    async def scenario() -> object:
+        spec = JobSpec(kind=JobKind.session, session=SessionSpec(name="s"))
+        a = Assignment(task_id="t1", job_id="j1", attempt=1, spec=spec, owner="ada")
+        host, key = KernelHost(), session_key(a, "s")
+        old = SessionRun(host, a, env=dict(os.environ), cwd=tmp_path, on_line=lambda *_: None)
+        running = asyncio.create_task(old.run())
+        await until_async(lambda: key in host.sessions, 60, "the old session's kernel")
+        old.cancel("ended by ada")
+        host.expect(key)  # the new session's assignment, before the old run has ended
+        waiting = asyncio.create_task(host.kernel(key))  # its first cell
+        outcome = await asyncio.wait_for(running, 60)
+        assert outcome.state == "succeeded", outcome
+        assert not waiting.done()  # still waiting for the new kernel
+        new_kernel = object()
+        host.started(key, new_kernel)  # type: ignore[arg-type]  # the new session's kernel is up
+        return (await waiting) is new_kernel
+
+    assert asyncio.run(scenario())
