@@ -249,15 +249,20 @@ class SessionRun:
             why = f"session {self._name!r} already runs here"
             return RunOutcome("failed", None, why, retry=False)
         self._host.runs.add(self)
-        announced = False  # whether the cells waiting for this session's kernel were told
         try:
+            # Its cells wait for the kernel; they hear "none will come" only from a
+            # start that failed or was cancelled. Once up, this session never says it
+            # again: by its end, a new session of this name may be the one awaited.
             try:
                 await self._kernel.start()
             except KernelDied as e:
+                self._host.started(self._key, None)
                 return RunOutcome("failed", None, str(e), retry=False)
+            except BaseException:
+                self._host.started(self._key, None)
+                raise
             self._host.sessions[self._key] = self._kernel
             self._host.started(self._key, self._kernel)
-            announced = True
             now = datetime.now(UTC)
             self._on_line(c.LogStream.system, f"session {self._name} started", now)
             while not self._stop.is_set():
@@ -270,10 +275,6 @@ class SessionRun:
             return RunOutcome("succeeded", 0, f"session ended ({self._stop_reason})")
         finally:
             self._host.runs.discard(self)
-            if not announced:  # failed or cancelled while starting: its waiting cells fail
-                self._host.started(self._key, None)
-            # Once announced, a session of the same name that came after this one
-            # ended may be waited for now: its cells wait for its kernel, not for None.
             if self._host.sessions.get(self._key) is self._kernel:
                 del self._host.sessions[self._key]
             await self._kernel.shutdown()
