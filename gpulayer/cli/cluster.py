@@ -35,9 +35,11 @@ import httpx
 import psutil
 
 from gpulayer import contracts, tls
+from gpulayer.cli import forks
 from gpulayer.cli.processes import (
     DEFAULT_PORT,
     STOP_GRACE_SECONDS,
+    Process,
     exited,
     free_port,
     is_loopback,
@@ -157,7 +159,9 @@ class LocalCluster:
         self.env = dict(env or {})
         self.jupyter_token = secrets.token_hex(24)
         self._server: subprocess.Popen[bytes] | None = None
-        self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._workers: dict[str, Process] = {}
+        #: Forks the workers started with the control plane from one import (ADR 0151).
+        self._forks: forks.ForkServer | None = None
         #: When each worker was started (wall clock, as the control plane stamps
         #: registrations): a row from before says nothing about this process.
         self._spawned_at: dict[str, float] = {}
@@ -274,6 +278,12 @@ class LocalCluster:
                 "db_path" in a for a in self.server_args
             )
             self._spawn_control_plane()
+            if fresh and self.n_workers >= 2 and forks.available():
+                # One import for all of them (ADR 0151); they share this env exactly.
+                env = {**self.env, **self._gpus_env(None)}
+                self._forks = forks.ForkServer(
+                    self.log_dir / "forkserver.log", env, cwd=self.data_dir
+                )
             early = [self._add_worker(early=True) for _ in range(self.n_workers if fresh else 0)]
             self._await_control_plane()
             for name in early:
@@ -301,6 +311,10 @@ class LocalCluster:
             server, self._server = self._server, None
             signal_if_running(server, signal.SIGTERM)
             reap(server)
+        if self._forks is not None:  # it exits once its workers have
+            fork_server, self._forks = self._forks, None
+            fork_server.close()
+            reap(fork_server.proc)
 
     def restart_control_plane(self, sig: int = signal.SIGTERM) -> None:
         """Stop only the control plane (with ``sig``: SIGKILL for a crash) and start it
@@ -334,7 +348,7 @@ class LocalCluster:
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         wait: bool = True,
-    ) -> "subprocess.Popen[bytes]":
+    ) -> Process:
         """Start one more local worker (``gpulayer join``) and return its process.
 
         Parameters
@@ -434,14 +448,28 @@ class LocalCluster:
             extra["GPULAYER_JOIN_TOKEN"] = self.join_token
         if self._fingerprint is not None:
             argv += ["--fingerprint", self._fingerprint]
-        gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
-        if gpus is not None:
-            extra["GPULAYER_SIMULATED_GPUS"] = gpus
+        extra.update(self._gpus_env(simulated_gpus))
         self._spawned_at[name] = time.time()
-        self._workers[name] = spawn(
-            argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir, stdin_pipe=early
-        )
+        forked = None
+        if early and self._forks is not None and not env:
+            try:
+                forked = self._forks.fork(
+                    argv[3:], log_file=self.log_path(name), cwd=self.data_dir, stdin_pipe=True
+                )
+            except OSError as e:  # it is gone: this worker starts an interpreter of its own
+                log.warning("%s; starting worker %s on its own", e, name)
+        if forked is not None:
+            self._workers[name] = forked
+        else:
+            self._workers[name] = spawn(
+                argv, self.log_path(name), {**self.env, **extra}, cwd=self.data_dir,
+                stdin_pipe=early,
+            )  # fmt: skip
         return name
+
+    def _gpus_env(self, simulated_gpus: str | None) -> dict[str, str]:
+        gpus = simulated_gpus if simulated_gpus is not None else self.simulated_gpus
+        return {} if gpus is None else {"GPULAYER_SIMULATED_GPUS": gpus}
 
     def _hand_join_token(self, name: str) -> None:
         """Give a worker started early its join token (its ``--token-file -``)."""

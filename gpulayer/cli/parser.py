@@ -78,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, connection: Connection | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    connection: Connection | None = None,
+    parser: argparse.ArgumentParser | None = None,
+) -> int:
     """Run the ``gpulayer`` command; returns the exit code.
 
     Parameters
@@ -88,9 +93,12 @@ def main(argv: Sequence[str] | None = None, *, connection: Connection | None = N
     connection
         Use this connection instead of resolving ``--url``/``--token`` (for
         embedding and tests).
+    parser
+        The parser :func:`build_parser` made (default: a new one): the fork server
+        builds it once for the workers it forks.
     """
     try:
-        parser = build_parser()
+        parser = parser or build_parser()
         if argv is None:
             _complete(parser)  # answers a shell's completion request and exits
         args = _parse(parser, argv)

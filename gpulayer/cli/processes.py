@@ -9,6 +9,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO, Protocol
 
 from gpulayer.private import open_private, private_dir
 from gpulayer.worker.spawning import die_with_parent
@@ -51,6 +52,21 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class Process(Protocol):
+    """What a cluster asks of a process it started: a ``subprocess.Popen``, or a
+    worker forked by the fork server (:class:`gpulayer.cli.forkserver.Forked`)."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 def spawn(
     argv: list[str],
     log_file: Path,
@@ -58,12 +74,14 @@ def spawn(
     *,
     cwd: Path,
     stdin_pipe: bool = False,
+    pass_fds: tuple[int, ...] = (),
 ) -> "subprocess.Popen[bytes]":
     """Start ``argv`` in its own session, output appended to ``log_file``; on Linux it
     gets SIGKILL when this process dies (``kill -9`` included), so a control plane
     or worker never outlives the ``gpulayer up`` (or test) that started it. Call it
     from a thread that lives as long as the process (the main thread).
-    ``stdin_pipe``: its standard input is a pipe the caller writes (else nothing)."""
+    ``stdin_pipe``: its standard input is a pipe the caller writes (else nothing);
+    ``pass_fds``: descriptors it inherits (as ``subprocess.Popen``'s)."""
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
     private_dir(log_file.parent)
     with os.fdopen(open_private(log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
@@ -79,6 +97,7 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent(),
+            pass_fds=pass_fds,
         )
     log.debug("started %s (pid %s), log %s", argv[2:4], proc.pid, log_file)
     return proc
@@ -92,14 +111,14 @@ def exited(what: str, code: object, log_file: Path) -> str:
     return f"{what} exited (code {code}); {log_file} ends:\n{tail}"
 
 
-def signal_if_running(proc: "subprocess.Popen[bytes]", sig: int) -> None:
+def signal_if_running(proc: Process, sig: int) -> None:
     """Send ``sig`` to ``proc`` unless it has exited."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):  # exited in between
             proc.send_signal(sig)
 
 
-def reap(proc: "subprocess.Popen[bytes]") -> None:
+def reap(proc: Process) -> None:
     """Wait for ``proc``; SIGKILL its process group when it does not exit in time.
     Its stdin pipe, if it still has one (a worker stopped before its join token
     came), is closed."""

@@ -193,13 +193,16 @@ def test_the_control_plane_collects_garbage_once_it_is_up(tmp_path: Path) -> Non
 
 def test_the_control_plane_and_workers_load_no_pydantic_plugin(tmp_path: Path) -> None:
     """A pydantic plugin installed beside gpulayer (an entry point) is not looked
-    for by the headless control plane or a worker (ADR 0148), through a whole call."""
+    for by the headless control plane or a worker (ADR 0148), through a whole call;
+    nor by the workers `gpulayer up` forks from its fork server (ADR 0151)."""
     site = tmp_path / "site"
     site.mkdir()
     env = fake_pydantic_plugin(site)
-    with LocalCluster(tmp_path / "data", workers=1, env={"PYTHONPATH": env["PYTHONPATH"]},
+    with LocalCluster(tmp_path / "data", workers=2, env={"PYTHONPATH": env["PYTHONPATH"]},
                       **FAST) as cluster, cluster.connection() as conn:  # fmt: skip
-        assert gl.remote(lambda x: x + 1, connection=conn).run(1) == 2
-        logs = [cluster.log_path(), cluster.log_path(cluster.workers[0])]
+        f = gl.remote(lambda x: x + 1, connection=conn)
+        assert [f.run(1), f.run(2)] == [2, 3]
+        logs = [cluster.log_path(), *(cluster.log_path(w) for w in cluster.workers)]
+        logs.append(cluster.log_dir / "forkserver.log")  # where the workers imported
         assert all(path.exists() for path in logs)
         assert not any("plugin loaded" in path.read_text() for path in logs)
