@@ -207,9 +207,11 @@ def test_kill_9_of_gpulayer_up_takes_its_control_plane_workers_and_tasks(tmp_pat
 ATTEMPT = """
 import os, sys, time
 folder, attempt = sys.argv[1], os.environ["GPULAYER_ATTEMPT"]
-def write(name, text):
-    with open(os.path.join(folder, name), "w") as f:
+def write(name, text):  # whole or not at all: a kill may land mid-write
+    path, part = os.path.join(folder, name), os.path.join(folder, "." + name)
+    with open(part, "w") as f:
         f.write(text)
+    os.replace(part, path)
 write(f"start-{attempt}", repr(time.time()))
 write(f"pid-{attempt}", str(os.getpid()))
 end = time.time() + (60 if attempt == "1" else 0.5)
