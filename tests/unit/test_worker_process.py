@@ -23,6 +23,7 @@ from gpulayer.contracts import (
     CellSpec,
     JobKind,
     JobSpec,
+    KernelMessage,
     LogAck,
     LogBatch,
     LogStream,
@@ -477,6 +478,47 @@ def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
     assert [json.loads(t)["msg_type"] for t in sent] == ["stream"]
     assert rest is not None
     assert [json.loads(e.text)["msg_type"] for e in rest.lines] == ["execute_reply"]
+
+
+def test_output_written_at_a_cells_very_end_comes_before_its_reply(tmp_path: Path) -> None:
+    """A session kernel flushes its streams at once when nothing is waiting (ADR
+    0152), but never drops or delays what is: text without a newline on stdout and
+    stderr, and text a thread wrote, all arrive before the cell's reply; a cell
+    that writes nothing relays no output."""
+    cells = {
+        "tail": "print('a', end='')",
+        "stderr": "import sys; sys.stderr.write('e')",
+        "thread": "import threading; t = threading.Thread(target=print, args=('t',),"
+        " kwargs={'end': ''}); t.start(); t.join()",
+        "quiet": "x = 1",
+        "after": "print('b', end='')",
+    }
+
+    async def scenario() -> dict[str, tuple[str, str, str]]:
+        kernel = Kernel(dict(os.environ), tmp_path)
+        await kernel.start()
+        got = {}
+        try:
+            for name, source in cells.items():
+                seen: list[KernelMessage] = []
+                reply = await kernel.execute(source, seen.append)
+                streams = {"stdout": "", "stderr": ""}
+                for m in seen:
+                    if m.msg_type == "stream":
+                        streams[m.content["name"]] += m.content["text"]
+                got[name] = (reply["status"], streams["stdout"], streams["stderr"])
+        finally:
+            await kernel.shutdown()
+        return got
+
+    got = asyncio.run(scenario())
+    assert got == {
+        "tail": ("ok", "a", ""),
+        "stderr": ("ok", "", "e"),
+        "thread": ("ok", "t", ""),
+        "quiet": ("ok", "", ""),
+        "after": ("ok", "b", ""),
+    }
 
 
 # ------------------------------------------------------------- the start
