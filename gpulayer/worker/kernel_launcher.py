@@ -1,6 +1,6 @@
 """``python -m gpulayer.worker.kernel_launcher``: the kernels a worker runs.
 
-ipykernel's own launcher (``python -m ipykernel_launcher``) with two differences:
+ipykernel's own launcher (``python -m ipykernel_launcher``) with three differences:
 
 - The kernel takes its shell messages on its main thread, as ipyparallel's engines
   do, not through ipykernel 7's shell-channel thread (ADR 0149). That thread exists
@@ -14,10 +14,21 @@ ipykernel's own launcher (``python -m ipykernel_launcher``) with two differences
   round trip through its I/O thread even when there is nothing to send: four
   hand-offs on every cell's path, between the code's end and the reply, and
   between the reply and the ``idle`` the worker waits for.
+- With ``--worker-only`` (a kernel no frontend sees: a cell's or a session's, whose
+  only client is the worker) it publishes neither a request's ``busy`` status nor
+  its ``execute_input`` (:func:`_worker_only_kernel`, ADR 0153). The worker reads
+  iopub to the request's ``idle`` and relays neither; each is one more message
+  for the kernel's I/O thread to send and the worker to read before that ``idle``.
+  A kernel relayed to a frontend (docs/kernels.md) is started without the flag
+  and publishes both, as every Jupyter kernel does.
 """
 
 import sys
 from pathlib import Path
+from typing import Any
+
+#: The launcher's own argument (taken out before ipykernel reads the rest).
+WORKER_ONLY = "--worker-only"
 
 
 def main() -> None:
@@ -28,17 +39,21 @@ def main() -> None:
         del sys.path[0]
     from ipykernel.kernelapp import IPKernelApp
 
+    args = sys.argv[1:]
+    options = [f"--IPKernelApp.outstream_class={__name__}.PromptOutStream"]
     globals()["PromptOutStream"] = _prompt_stream()
+    if WORKER_ONLY in args:
+        args = [a for a in args if a != WORKER_ONLY]
+        globals()["WorkerOnlyKernel"] = _worker_only_kernel()
+        options.append(f"--IPKernelApp.kernel_class={__name__}.WorkerOnlyKernel")
 
     class MainThreadShellApp(IPKernelApp):
         def init_sockets(self) -> None:
             super().init_sockets()  # type: ignore[no-untyped-call]  # ipykernel leaves it untyped
             self.shell_channel_thread = None  # ipykernel 7 then reads shell on the main loop
 
-    # The class is looked up by its dotted name: this module's, as run (__main__).
-    MainThreadShellApp.launch_instance(
-        [*sys.argv[1:], f"--IPKernelApp.outstream_class={__name__}.PromptOutStream"]
-    )
+    # The classes are looked up by their dotted names: this module's, as run (__main__).
+    MainThreadShellApp.launch_instance([*args, *options])
 
 
 def _prompt_stream() -> type:
@@ -62,6 +77,25 @@ def _prompt_stream() -> type:
             super().flush()  # type: ignore[no-untyped-call]  # ipykernel leaves it untyped
 
     return PromptOutStream
+
+
+def _worker_only_kernel() -> type:
+    """ipykernel's ``IPythonKernel`` that publishes no ``busy`` status for a shell
+    request and no ``execute_input``; ``idle``, outputs, errors and replies are as
+    ever. (Both names are ipykernel's own hooks, in 6.x and 7.x alike; where a
+    release renamed them, the kernel publishes both again.)"""
+    from ipykernel.ipkernel import IPythonKernel
+
+    class WorkerOnlyKernel(IPythonKernel):
+        def _publish_execute_input(self, code: Any, parent: Any, execution_count: Any) -> None:
+            return None
+
+        def _publish_status(self, status: Any, channel: Any, parent: Any = None) -> None:
+            if status == "busy" and channel == "shell":
+                return
+            super()._publish_status(status, channel, parent)  # type: ignore[no-untyped-call]  # ipykernel leaves it untyped
+
+    return WorkerOnlyKernel
 
 
 if __name__ == "__main__":

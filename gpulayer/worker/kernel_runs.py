@@ -101,7 +101,7 @@ class CellTaskRun:
             if kernel is None:
                 return self._fail(f"session {name!r} is not running on this worker")
         else:
-            kernel = Kernel(self._env, self._cwd)
+            kernel = Kernel(self._env, self._cwd, worker_only=True)
             try:
                 await kernel.start()
             except KernelDied as e:
@@ -222,7 +222,7 @@ class SessionRun:
         self._host = host
         self._name = assignment.spec.session.name
         self._key = session_key(assignment, self._name)
-        self._kernel = Kernel(env, cwd)
+        self._kernel = Kernel(env, cwd, worker_only=True)
         self._on_line = on_line
         self._stop = asyncio.Event()
         self._stop_reason: str | None = None

@@ -71,7 +71,10 @@ def encode(msg: c.KernelMessage) -> list[str]:
 class Kernel:
     """One headless ipykernel and its client."""
 
-    def __init__(self, env: Mapping[str, str], cwd: Path) -> None:
+    def __init__(self, env: Mapping[str, str], cwd: Path, *, worker_only: bool = False) -> None:
+        """``worker_only``: no frontend will see this kernel (a cell's or a session's):
+        it publishes no ``busy`` or ``execute_input`` (ADR 0153)."""
+        self.worker_only = worker_only
         self.env = dict(env)
         self.cwd = cwd
         self.lock = asyncio.Lock()  # one execution at a time: one iopub reader
@@ -109,6 +112,8 @@ class Kernel:
         argv = [interpreter(self.env), "-m", "gpulayer.worker.kernel_launcher",
                 "-f", "{connection_file}",
                 "--HistoryManager.enabled=False", "--IPythonKernel._execute_sleep=0"]  # fmt: skip
+        if self.worker_only:
+            argv.append("--worker-only")  # kernel_launcher.WORKER_ONLY
         spec = KernelSpec(
             argv=argv,
             display_name="gpulayer",

@@ -521,6 +521,55 @@ def test_output_written_at_a_cells_very_end_comes_before_its_reply(tmp_path: Pat
     }
 
 
+@pytest.mark.parametrize("worker_only", [True, False])
+def test_only_a_kernel_no_frontend_sees_goes_without_busy_and_execute_input(
+    tmp_path: Path, worker_only: bool
+) -> None:
+    """A cell's or session's kernel (only the worker reads it) publishes no ``busy``
+    and no ``execute_input`` (ADR 0153); a kernel relayed to a frontend publishes
+    both (JupyterLab shows busy from it). Seen by a second client on its iopub."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    async def scenario() -> list[str]:
+        kernel = Kernel(dict(os.environ), tmp_path, worker_only=worker_only)
+        await kernel.start()
+        side = AsyncKernelClient()
+        side.load_connection_info(kernel._km.get_connection_info())
+        side.start_channels(shell=False, stdin=False, hb=False, control=False)
+        try:
+            seen: list[str] = []
+
+            async def cell(code: str) -> str:
+                before = len(seen)
+                await kernel.execute(code, lambda m: None)
+                while True:  # the side client's copy of this request's messages
+                    msg = await side.get_iopub_msg(timeout=5)
+                    seen.append(msg["msg_type"])
+                    if msg["content"].get("execution_state") == "idle":
+                        return ",".join(seen[before:])
+
+            # The side subscription connects a moment after the kernel publishes.
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                with contextlib.suppress(Exception):
+                    await cell("pass")
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "no iopub for the side"
+            seen.clear()
+            await cell("print('x')")
+            return seen
+        finally:
+            side.stop_channels()
+            await kernel.shutdown()
+
+    types = asyncio.run(scenario())
+    assert "stream" in types and types[-1] == "status"
+    if worker_only:
+        assert "execute_input" not in types and types.count("status") == 1, types
+    else:
+        assert "execute_input" in types and types.count("status") == 2, types
+
+
 # ------------------------------------------------------------- the start
 
 
