@@ -3,7 +3,7 @@ fork server (ADR 0151; the server is :mod:`gpulayer.forkserver`).
 
 A worker's interpreter spends most of its start importing (pydantic and the wire
 models, httpx, websockets, the agent: ~0.2 s of CPU here), and ``gpulayer up
---workers N`` used to pay that N times, beside the control plane's own import, on
+--local-workers N`` used to pay that N times, beside the control plane's own import, on
 the same cores. :class:`ForkServer` starts one process (``python -m
 gpulayer.forkserver``) that imports what ``gpulayer join`` needs once and then
 forks each local worker from it: a worker is then exactly what ``gpulayer join``
