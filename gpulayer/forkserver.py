@@ -64,7 +64,7 @@ def _child(main: Any, preexec: Any, request: dict[str, Any], fds: list[int], kee
     args = list(request["args"])
     name = args[args.index("--name") + 1] if "--name" in args else "worker"
     prctl = ctypes.CDLL(None).prctl
-    prctl(_PR_SET_NAME, f"gpulayer {name}"[:15].encode(), 0, 0, 0)  # what ps -o comm shows
+    prctl(_PR_SET_NAME, f"gl-{name}"[:15].encode(), 0, 0, 0)  # what ps -o comm shows
     os.chdir(request["cwd"])
     sys.argv = ["gpulayer", *args]
     return int(main(args))

@@ -49,7 +49,7 @@ def test_workers_forked_from_one_import_work_and_stop_as_joined_ones(tmp_path: P
         assert "gpulayer.forkserver" in " ".join(server.cmdline())
         assert server.ppid() == psutil.Process().pid
         names = sorted(psutil.Process(pid).name() for pid in pids if pid is not None)
-        assert names == ["gpulayer local-", "gpulayer local-"]  # comm: 15 characters
+        assert names == ["gl-local-1", "gl-local-2"]  # what ps -o comm and top show
 
         with cluster.connection() as conn:
             # One slot each: two jobs that overlap run on both workers.
