@@ -8,7 +8,6 @@ This module imports nothing of gpulayer's at its top: :func:`_warm` first does w
 """
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import json
@@ -20,7 +19,6 @@ import threading
 import traceback
 from typing import Any
 
-_PR_SET_NAME = 15
 #: The largest message read (as gpulayer.cli.forks.MAX_MESSAGE).
 _MAX_MESSAGE = 1 << 16
 #: What a worker imports only once it runs (httpx's transport, anyio's backend, the
@@ -51,6 +49,8 @@ def _warm() -> Any:
 
 def _child(main: Any, preexec: Any, request: dict[str, Any], fds: list[int], keep: set[int]) -> int:
     """In the forked child: become ``gpulayer <args>`` and run it."""
+    from gpulayer.worker.spawning import name_process  # imported already (by _warm)
+
     os.setsid()  # its own session, as spawn() gives a worker (a Ctrl-C reaches only `up`)
     if preexec is not None:
         preexec()
@@ -63,8 +63,7 @@ def _child(main: Any, preexec: Any, request: dict[str, Any], fds: list[int], kee
             os.close(fd)
     args = list(request["args"])
     name = args[args.index("--name") + 1] if "--name" in args else "worker"
-    prctl = ctypes.CDLL(None).prctl
-    prctl(_PR_SET_NAME, f"gl-{name}"[:15].encode(), 0, 0, 0)  # what ps -o comm shows
+    name_process(f"gl-{name}")
     os.chdir(request["cwd"])
     sys.argv = ["gpulayer", *args]
     return int(main(args))
@@ -93,7 +92,11 @@ def serve(fd: int) -> int:
                 sel.unregister(key.fileobj)
                 os.close(children.pop(pid))
                 with contextlib.suppress(OSError):  # the caller is gone
-                    sock.send(json.dumps({"exited": pid, "code": _code(status)}).encode())
+                    sock.send(
+                        json.dumps(
+                            {"exited": pid, "code": os.waitstatus_to_exitcode(status)}
+                        ).encode()
+                    )
                 continue
             try:
                 data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
@@ -137,10 +140,6 @@ def serve(fd: int) -> int:
                 for f in fds:
                     os.close(f)
     return 0
-
-
-def _code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 class Process(Protocol):
     """What a cluster asks of a process it started: a ``subprocess.Popen``, or a
-    worker forked by the fork server (:class:`gpulayer.cli.forkserver.Forked`)."""
+    worker forked by the fork server (:class:`gpulayer.cli.forks.Forked`)."""
 
     pid: int
     returncode: int | None

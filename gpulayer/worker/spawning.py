@@ -61,6 +61,7 @@ __all__ = [
     "Fence",
     "child_options",
     "die_with_parent",
+    "name_process",
     "spawn",
     "task_uid",
     "task_user",
@@ -74,6 +75,7 @@ log = logging.getLogger(__name__)
 FENCE_ENV = "GPULAYER_FENCE"
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -221,6 +223,13 @@ def die_with_parent(
     if _prctl is None:
         return None
     return functools.partial(_in_child, _prctl, os.getpid(), int(sig), register)
+
+
+def name_process(name: str) -> None:
+    """Name this process as ``ps -o comm`` and ``top`` show it (the kernel keeps 15
+    bytes); nothing where the platform has no ``prctl``."""
+    if _prctl is not None:
+        _prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _in_child(

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -105,9 +104,7 @@ def test_without_a_fork_server_the_workers_start_on_their_own(
             super().__init__(log_file, env, cwd=cwd, argv=[sys.executable, "-c", "pass"])
 
     monkeypatch.setattr(cluster_module.forks, "ForkServer", Broken)
-    started = time.monotonic()
     with LocalCluster(tmp_path, workers=2, slots=1, **FAST) as cluster:
-        assert time.monotonic() - started < 60
         pids = [cluster.worker_pid(n) for n in cluster.workers]
         assert all(
             "gpulayer join" in " ".join(psutil.Process(pid).cmdline()).replace("-m ", "")
