@@ -7,7 +7,8 @@ statements is done. A group of a few small writes commits on the event loop's
 thread instead, on the same connection, while nothing runs on aiosqlite's
 thread: without fsync (WAL, ``synchronous=NORMAL``) that takes a fraction of the
 hand-off (docs/adr/0139); SQLite's own checkpoint is then off and the WAL is
-checkpointed on the thread every :data:`CHECKPOINT_EVERY_COMMITS` commits.
+checkpointed every :data:`CHECKPOINT_EVERY_COMMITS` commits on a third connection
+and a thread of its own, while commits go on (docs/adr/0154).
 Reads of a few rows (a job, a task, a token, a page of up to
 :data:`INLINE_READ_ROWS` lines) run on the event loop's thread, on a second,
 read-only connection: in WAL mode a reader
@@ -25,6 +26,7 @@ so what was stored before stays as it was.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -66,7 +68,7 @@ INLINE_READ_ROWS = 1000
 INLINE_GROUP_UNITS = 8
 INLINE_WRITE_ROWS = 64
 #: With commits on the loop, SQLite's own checkpoint (which may fsync) is off; the
-#: WAL is checkpointed on aiosqlite's thread after this many commits instead.
+#: WAL is checkpointed in the background after this many commits instead.
 CHECKPOINT_EVERY_COMMITS = 256
 
 
@@ -84,6 +86,10 @@ class Database:
         self._journal = Journal()
         self._thread_calls = 0  # calls handed to aiosqlite's thread, not yet answered
         self._since_checkpoint = 0  # commits since the WAL was last checkpointed
+        self._checkpointer: sqlite3.Connection | None = None  # on _checkpoint_thread only
+        self._checkpoint_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._catch_up_due = False  # a background checkpoint ran; commits went on meanwhile
         #: The queued jobs, followed in memory (``changes.py``).
         self.queued = QueuedJobs()
         #: What the active tasks hold, followed in memory (``changes.py``).
@@ -117,6 +123,12 @@ class Database:
             await self._migrate()
             await self._follow()
             self._reader = _read_only(self.path)
+            self._checkpointer = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False
+            )
+            self._checkpoint_thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="gl-checkpoint"
+            )
         except BaseException:
             await self.close()
             raise
@@ -161,7 +173,16 @@ class Database:
             notify(self._token_listeners, changes.tokens)
 
     async def close(self) -> None:
-        """Close the connections (idempotent)."""
+        """Close the connections (idempotent), after a checkpoint in flight."""
+        if self._checkpointing is not None:
+            await asyncio.wait([self._checkpointing])  # it logs its own failure
+            self._checkpointing = None
+        if self._checkpoint_thread is not None:
+            self._checkpoint_thread.shutdown()
+            self._checkpoint_thread = None
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -283,11 +304,13 @@ class Database:
         return await future
 
     async def _commit_waiting(self) -> None:
-        """Checkpoint when due, and commit what waits, a group at a time, until
-        nothing does."""
+        """Commit what waits, a group at a time, until nothing does; start a
+        checkpoint when one is due."""
         while True:
-            if self._since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
-                await self._checkpoint()
+            if self._catch_up_due:
+                await self._catch_up()
+            elif self._since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
+                self._start_checkpoint()
             if not self._waiting:
                 return
             group, self._waiting = self._waiting, []
@@ -328,14 +351,51 @@ class Database:
         finally:
             self._deliver()
 
-    async def _checkpoint(self) -> None:
-        """Checkpoint the WAL into the database file, on aiosqlite's thread (a
-        checkpoint may fsync); a failure is left for the next one."""
+    def _start_checkpoint(self) -> None:
+        """Checkpoint the WAL in the background unless a checkpoint is in flight.
+
+        A ``PASSIVE`` checkpoint takes no lock a writer or a reader waits for, so it
+        runs on its own connection and thread while commits go on. It may fsync,
+        which held every commit behind it for ~15 ms each 256 commits when it ran
+        between groups (docs/adr/0154).
+        """
+        if self._checkpointer is None or (
+            self._checkpointing is not None and not self._checkpointing.done()
+        ):
+            return
         self._since_checkpoint = 0
+        self._checkpointing = asyncio.create_task(self._checkpoint(), name="wal-checkpoint")
+
+    async def _checkpoint(self) -> None:
+        """Run one ``PASSIVE`` checkpoint on the checkpoint thread; a failure is
+        logged and left for the next one.
+
+        Frames committed while it ran stay in the WAL, and SQLite starts the WAL
+        over only once every frame is back in the file; so the committer folds
+        those back before its next group (:meth:`_catch_up`).
+        """
+        if await self._run_checkpoint():
+            self._catch_up_due = True
+
+    async def _catch_up(self) -> None:
+        """Fold back the frames committed during the last background checkpoint,
+        with commits held (a few frames: a fraction of a millisecond), so the next
+        commit starts the WAL over instead of growing it."""
+        self._catch_up_due = False
+        await self._run_checkpoint()
+
+    async def _run_checkpoint(self) -> bool:
+        """One ``PASSIVE`` checkpoint on the checkpoint thread: whether it ran."""
+        conn = self._checkpointer
+        if conn is None:  # closed meanwhile
+            return False
+        loop = asyncio.get_running_loop()
         try:
-            await self._on_thread(self.db.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+            await loop.run_in_executor(self._checkpoint_thread, _checkpoint_wal, conn)
         except sqlite3.Error as e:
             log.warning("WAL checkpoint of %s failed: %s", self.path, e)
+            return False
+        return True
 
     def _storage_failure_of(self, e: BaseException) -> BaseException:
         """A unit's error, a failing disk's as a :class:`StorageError`."""
@@ -345,6 +405,12 @@ class Database:
 
 
 D = TypeVar("D", bound=Database)
+
+
+def _checkpoint_wal(conn: sqlite3.Connection) -> None:
+    """Fold what the WAL holds back into the database file (the pragma is stepped to
+    its end: a statement left unfinished would hold a read of the WAL)."""
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _read_only(path: Path) -> sqlite3.Connection:

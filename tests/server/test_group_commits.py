@@ -4,6 +4,7 @@ commit is on disk, and a write that fails is refused alone."""
 
 import asyncio
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -131,6 +132,39 @@ def test_the_wal_is_folded_back_while_small_writes_commit_on_the_loop(tmp_path):
             await store.insert_token(token(i))
         assert len(stored_ids(path)) == 800
         assert wal_frames(path) < 2000, "the WAL was never checkpointed"
+
+    on_store(path, body)
+
+
+def test_writes_commit_while_a_checkpoint_is_in_flight(tmp_path, monkeypatch):
+    # A checkpoint may fsync for tens of milliseconds; it runs on its own
+    # connection and thread, so the writes after it do not wait for it
+    # (docs/adr/0154). Here a checkpoint is held until 300 more writes committed.
+    from jupyter_ext.store import db
+
+    path = tmp_path / "gl.db"
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+    checkpoint = db._checkpoint_wal
+
+    def held_checkpoint(conn):
+        started.set()
+        release.wait(10)  # writes that waited for it would finish only after this
+        returned.set()
+        checkpoint(conn)
+
+    monkeypatch.setattr(db, "_checkpoint_wal", held_checkpoint)
+
+    async def body(store):
+        i = 0
+        while not started.is_set():  # up to the commit that starts a checkpoint
+            await store.insert_token(token(i))
+            i += 1
+            assert i <= db.CHECKPOINT_EVERY_COMMITS + 1, "no checkpoint was started"
+        for j in range(i, i + 300):
+            await store.insert_token(token(j))
+        assert not returned.is_set(), "the writes waited for the checkpoint"
+        assert len(stored_ids(path)) == i + 300
+        release.set()
 
     on_store(path, body)
 
