@@ -26,6 +26,7 @@ class Fleet:
         self.store = store
         self._views: dict[str, tuple[tuple[str, str], WorkerView]] = {}
         self._listed: tuple[int, list[WorkerView]] | None = None  # (generation, views)
+        self._listed_ids: frozenset[str] = frozenset()  # the ids of _listed's views
         # worker id -> task id -> log lines the worker last said it produced (in
         # memory, replaced by each heartbeat, so bounded by what one heartbeat may
         # list; a restarted control plane learns them again from the next one).
@@ -40,9 +41,20 @@ class Fleet:
 
     async def views(self) -> list[WorkerView]:
         """Every worker, parsed, with its current state."""
+        return list(await self._current())
+
+    async def require(self, worker_id: str) -> None:
+        """Raise :class:`NotFound` unless ``worker_id`` is registered, as :meth:`get`
+        does, from the views (each acquire asks; no read unless a worker changed)."""
+        await self._current()
+        if worker_id not in self._listed_ids:
+            raise NotFound(f"no worker with id {worker_id!r}; register again")
+
+    async def _current(self) -> list[WorkerView]:
+        """The views, read again only after a commit changed a worker (not a copy)."""
         generation = self.store.workers_generation
         if self._listed is not None and self._listed[0] == generation:
-            return list(self._listed[1])
+            return self._listed[1]
         out = []
         for row in await self.store.list_workers():
             key = (row.info_json, row.state)
@@ -51,7 +63,8 @@ class Fleet:
                 cached = self._views[row.id] = (key, WorkerView.from_record(row))
             out.append(cached[1])
         self._listed = (generation, out)  # a commit meanwhile counted up: read again
-        return list(out)
+        self._listed_ids = frozenset(w.id for w in out)
+        return out
 
     async def all_names(self) -> dict[str, str]:
         """Every worker's name by id."""

@@ -482,14 +482,19 @@ class Jobs:
         self, job_id: str, timeout: float, viewer: Principal | None = None
     ) -> Job | None:
         """The job once it ended, or None if it is still going after ``timeout`` s."""
-        await self.visible(job_id, viewer)
         core = self._core
+        seen = core.store.version()
+        first: JobRecord | None = await self.visible(job_id, viewer)
 
         async def ended() -> Job | None:
+            nonlocal first
             early = core.ending.get(job_id)  # its end is being committed (docs/adr/0112)
             if early is not None:
                 return await self._model(early.job, early.tasks, viewer, early.result)
-            row = await core.store.get_job(job_id)
+            # The row just read is the file's while nothing committed since.
+            row, first = first, None
+            if row is None or seen is None or core.store.version() != seen:
+                row = await core.store.get_job(job_id)
             return await self.get(job_id, viewer) if row is not None and row.ended else None
 
         return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)

@@ -67,6 +67,13 @@ class Tasks:
         await self._fence(task)
         return task
 
+    async def _current_and_job(
+        self, reporter: Principal | None, task_id: str
+    ) -> tuple[TaskRecord, JobRecord]:
+        """:meth:`current`, and the task's job as the fence read it."""
+        task = await self.reporting(reporter, task_id)
+        return task, await self._fence(task)
+
     async def open_task(self, reporter: Principal | None, task_id: str, what: str) -> TaskRecord:
         """:meth:`current` for a task that has not ended (:class:`Conflict` once it has)."""
         task = await self.current(reporter, task_id)
@@ -230,7 +237,8 @@ class Tasks:
     ) -> Task:
         """A worker reports a task's end; decides the job's end or its retry."""
         core = self._core
-        task = await self.current(reporter, task_id)
+        seen = core.store.version()
+        task, fenced = await self._current_and_job(reporter, task_id)
         # Lines that ride the completion commit with its end, in one transaction; a
         # cell's follower has them first, before the end is worked out (ADR 0112).
         riding = done.logs if done.logs is not None and not task.ended else None
@@ -249,14 +257,18 @@ class Tasks:
             job: JobRecord | None = None
             try:
                 async with core.lock:
-                    task = await core.task(task_id)
+                    # Read again only if anything committed since (a lease that ran
+                    # out, a cancel): each read is time a waiting caller waits.
+                    unchanged = seen is not None and core.store.version() == seen
+                    if not unchanged:
+                        task = await core.task(task_id)
                     if task.ended:  # in the meantime (a lease ran out)
                         await self._fence(task)
                         if riding is not None:
                             await self._commit_lines(task, riding.seq, lines, [], arriving)
                     else:
                         now = core.clock()
-                        job = await core.job(task.job_id)
+                        job = fenced if unchanged else await core.job(task.job_id)
                         stmts = await self._ending(task, done, now, job)
                         early = await self._early(task, done, now, job)
                         if early is not None:  # the waiting caller has it while this commits
@@ -290,8 +302,8 @@ class Tasks:
             await self._placer.schedule()
         return (answer or await core.task(task_id)).model()
 
-    async def _fence(self, task: TaskRecord) -> None:
-        """Refuse reports on ``task`` unless it is its job's current attempt."""
+    async def _fence(self, task: TaskRecord) -> JobRecord:
+        """Refuse reports on ``task`` unless it is its job's current attempt; its job."""
         if task.state == JobState.lost:
             raise StaleAttempt(
                 f"task {task.id} (attempt {task.attempt}) was given up as lost"
@@ -303,6 +315,7 @@ class Tasks:
                 f"task {task.id} is attempt {task.attempt} of job {job.id}, which runs"
                 f" attempt {job.attempts} now; stop it"
             )
+        return job
 
     async def _early(
         self, task: TaskRecord, done: TaskCompletion, now: float, job: JobRecord
@@ -328,7 +341,10 @@ class Tasks:
         env = done.environment.model_dump_json() if done.environment else task.environment_json
         ended = replace(task, state=state, exit_code=done.exit_code, reason=why, ended_at=now,
                         environment_json=env)  # fmt: skip
-        tasks = [ended if t.id == task.id else t for t in await core.store.tasks_of_job(job.id)]
+        if job.attempts == 1 and task.attempt == 1:  # not a gang: its one task is this one
+            tasks = [ended]
+        else:
+            tasks = [ended if t.id == task.id else t for t in await core.store.tasks_of_job(job.id)]
         row = replace(job, state=state, reason=why, exit_code=done.exit_code, updated_at=now,
                       ended_at=now)  # fmt: skip
         result = None

@@ -346,7 +346,7 @@ class Workers:
         """
         access.own_worker(reporter, worker_id)
         core = self._core
-        await core.fleet.get(worker_id)
+        await core.fleet.require(worker_id)
         if resync:
             got: Acquired | None = await self._take(worker_id, empty=True)
         else:
@@ -367,10 +367,18 @@ class Workers:
         async with core.lock:
             cancels = core.mailbox.cancels(worker_id)
             interrupts = core.mailbox.take_interrupts(worker_id)
-            ready = await self._still_running(core.mailbox.take_started(worker_id))
-            scheduled = [
-                t for t in await core.store.active_tasks(worker_id) if t.state == JobState.scheduled
-            ]
+            # Of the tasks started at submit, those still running (a lease that ran
+            # out before the worker asked ended one); read from memory, as whether
+            # any task placed on the worker waits to start (ActiveHolds).
+            holds = core.store.active_holds
+            ready = [a for a in core.mailbox.take_started(worker_id) if holds.running(a.task_id)]
+            scheduled = []
+            if holds.any_scheduled(worker_id):
+                scheduled = [
+                    t
+                    for t in await core.store.active_tasks(worker_id)
+                    if t.state == JobState.scheduled
+                ]
             if not scheduled and not cancels and not interrupts and not ready and not empty:
                 return None
             seq = self._next_seq()
@@ -382,16 +390,6 @@ class Workers:
         for a in out:
             core.notify_job(a.job_id)
         return Acquired(assignments=ready + out, cancel=cancels, interrupt=interrupts, seq=seq)
-
-    async def _still_running(self, ready: list[Assignment]) -> list[Assignment]:
-        """Of the assignments started at submit, those whose task still runs (a lease
-        that ran out before the worker asked ended it)."""
-        out = []
-        for a in ready:
-            task = await self._core.store.get_task(a.task_id)
-            if task is not None and task.state == JobState.running:
-                out.append(a)
-        return out
 
     async def start_at_submit(
         self, job: JobRecord, spec: JobSpec, task: TaskRecord, stmts: list[Statement]

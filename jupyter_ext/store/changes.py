@@ -50,17 +50,17 @@ WHEN OLD.state = 'queued' BEGIN
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_task_inserted AFTER INSERT ON main.tasks
 WHEN NEW.state IN ('scheduled', 'running') BEGIN
-    SELECT gl_changed('task', NEW.id, NEW.job_id, NEW.worker_id, NEW.gpu_indices, 1);
+    SELECT gl_changed('task', NEW.id, NEW.job_id, NEW.worker_id, NEW.gpu_indices, NEW.state);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_task_changed
 AFTER UPDATE OF state, job_id, worker_id, gpu_indices ON main.tasks
 WHEN OLD.state IN ('scheduled', 'running') OR NEW.state IN ('scheduled', 'running') BEGIN
     SELECT gl_changed('task', NEW.id, NEW.job_id, NEW.worker_id, NEW.gpu_indices,
-                      NEW.state IN ('scheduled', 'running'));
+                      CASE WHEN NEW.state IN ('scheduled', 'running') THEN NEW.state END);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_task_deleted AFTER DELETE ON main.tasks
 WHEN OLD.state IN ('scheduled', 'running') BEGIN
-    SELECT gl_changed('task', OLD.id, OLD.job_id, OLD.worker_id, OLD.gpu_indices, 0);
+    SELECT gl_changed('task', OLD.id, OLD.job_id, OLD.worker_id, OLD.gpu_indices, NULL);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS gl_worker_inserted AFTER INSERT ON main.workers BEGIN
     SELECT gl_changed('worker', NEW.id);
@@ -170,18 +170,35 @@ HoldChange = tuple[str, Hold | None]
 class ActiveHolds:
     """What every ``scheduled`` or ``running`` task holds (its job, worker and GPUs),
     by task id, kept in step with the file (see the module docstring): placement
-    reads it without a query over the tasks (benchmarks/scheduler.py)."""
+    reads it without a query over the tasks (benchmarks/scheduler.py), and a
+    worker's acquire knows without a query whether any of its tasks waits to start
+    and whether a task it started at submit still runs."""
 
     def __init__(self) -> None:
         self.by_task: dict[str, Hold] = {}
+        self._scheduled: Counter[str | None] = Counter()  # worker id -> tasks scheduled
 
     def apply(self, changes: list[HoldChange]) -> None:
         """Apply committed changes, in commit order."""
         for task_id, hold in changes:
-            if hold is None:
-                self.by_task.pop(task_id, None)
-            else:
+            old = self.by_task.pop(task_id, None)
+            if old is not None and old.scheduled:
+                self._scheduled[old.worker_id] -= 1
+                if not self._scheduled[old.worker_id]:
+                    del self._scheduled[old.worker_id]
+            if hold is not None:
                 self.by_task[task_id] = hold
+                if hold.scheduled:
+                    self._scheduled[hold.worker_id] += 1
+
+    def any_scheduled(self, worker_id: str) -> bool:
+        """Whether a task placed on ``worker_id`` waits to be started."""
+        return worker_id in self._scheduled
+
+    def running(self, task_id: str) -> bool:
+        """Whether ``task_id`` is ``running`` (started, not ended)."""
+        hold = self.by_task.get(task_id)
+        return hold is not None and not hold.scheduled
 
 
 class Journal:
@@ -256,8 +273,10 @@ def split(calls: list[tuple[Any, ...]]) -> Changes:
             workers.add(item_id)
             continue
         if kind == "task":
-            job_id, worker_id, gpus, active = rest
-            hold = Hold(job_id, worker_id, gpu_indices(gpus)) if active else None
+            job_id, worker_id, gpus, state = rest  # state: None once not active
+            hold = (
+                Hold(job_id, worker_id, gpu_indices(gpus), state == "scheduled") if state else None
+            )
             holds.append((item_id, hold))
             continue
         state, priority, seq, created_at, updated_at, owner = rest

@@ -86,6 +86,7 @@ class Database:
         self._journal = Journal()
         self._thread_calls = 0  # calls handed to aiosqlite's thread, not yet answered
         self._since_checkpoint = 0  # commits since the WAL was last checkpointed
+        self._commits = 0  # group commits begun and ended (see version())
         self._checkpointer: sqlite3.Connection | None = None  # on _checkpoint_thread only
         self._checkpoint_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._checkpointing: asyncio.Task[None] | None = None
@@ -144,13 +145,21 @@ class Database:
         )
         self.queued.apply([(r["id"], QueuedRef(*r)) for r in rows])
         rows = await self._all(
-            "SELECT id, job_id, worker_id, gpu_indices FROM tasks"
+            "SELECT id, job_id, worker_id, gpu_indices, state FROM tasks"
             " WHERE state IN ('scheduled', 'running')"
         )
         self.active_holds.apply(
-            [(r["id"], Hold(r["job_id"], r["worker_id"], gpu_indices(r["gpu_indices"])))
+            [(r["id"], Hold(r["job_id"], r["worker_id"], gpu_indices(r["gpu_indices"]),
+                            r["state"] == "scheduled"))
              for r in rows]
         )  # fmt: skip
+
+    def version(self) -> int | None:
+        """Where the file stands: rows read at one version are what the file still
+        holds while the version is the same (every write of the control plane is a
+        group commit, counted as it begins and as it ends). None while anything runs
+        on aiosqlite's thread: a commit there may land at any moment."""
+        return None if self._thread_calls else self._commits
 
     def on_token_change(self, listener: TokenListener) -> None:
         """Call ``listener`` with the ids of tokens whose rows a committed
@@ -315,6 +324,7 @@ class Database:
                 return
             group, self._waiting = self._waiting, []
             units = [unit for unit, _, _ in group]
+            self._commits += 1
             try:
                 if self._inline(group):
                     outcomes = self._commit_here(units)
@@ -324,6 +334,7 @@ class Database:
             except Exception as e:  # nothing of the group is stored: each writer hears why
                 outcomes = [(False, e)] * len(group)
             self._since_checkpoint += 1
+            self._commits += 1
             for (_, future, _), (ok, value) in zip(group, outcomes, strict=True):
                 if future.done():  # its writer was cancelled; its unit ran all the same
                     continue

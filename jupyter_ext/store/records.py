@@ -192,6 +192,8 @@ class Hold:
     job_id: str
     worker_id: str | None
     gpu_indices: tuple[int, ...]
+    #: ``scheduled`` (placed, not started yet), else ``running``.
+    scheduled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,21 +16,35 @@ from jupyter_ext.store import Store
 from .planes import plane_on
 from .test_scheduler import as_worker, reg, run, spec
 
+Held = dict[str, tuple[str, str | None, tuple[int, ...], bool]]
 
-async def in_file(store: Store) -> dict[str, tuple[str, str | None, tuple[int, ...]]]:
+
+async def in_file(store: Store) -> Held:
     rows = await store._all(
-        "SELECT id, job_id, worker_id, gpu_indices FROM tasks"
+        "SELECT id, job_id, worker_id, gpu_indices, state FROM tasks"
         " WHERE state IN ('scheduled', 'running')"
     )
     return {
-        r["id"]: (r["job_id"], r["worker_id"], tuple(json.loads(r["gpu_indices"]))) for r in rows
-    }
+        r["id"]: (
+            r["job_id"], r["worker_id"], tuple(json.loads(r["gpu_indices"])),
+            r["state"] == "scheduled",
+        )
+        for r in rows
+    }  # fmt: skip
 
 
-def in_memory(store: Store) -> dict[str, tuple[str, str | None, tuple[int, ...]]]:
-    return {
-        t: (h.job_id, h.worker_id, h.gpu_indices) for t, h in store.active_holds.by_task.items()
-    }
+def in_memory(store: Store) -> Held:
+    holds = store.active_holds
+    got = {t: (h.job_id, h.worker_id, h.gpu_indices, h.scheduled) for t, h in holds.by_task.items()}
+    # What a worker's acquire asks of it agrees with the holds.
+    for t, (_, worker_id, _, scheduled) in got.items():
+        assert holds.running(t) is not scheduled
+        if scheduled and worker_id is not None:
+            assert holds.any_scheduled(worker_id)
+    for worker_id in {w for _, w, _, _ in got.values() if w is not None}:
+        waiting = any(s for _, w, _, s in got.values() if w == worker_id)
+        assert holds.any_scheduled(worker_id) is waiting
+    return got
 
 
 def test_the_holds_placement_reads_are_the_files_after_every_change(tmp_path):
@@ -51,6 +65,7 @@ def test_the_holds_placement_reads_are_the_files_after_every_change(tmp_path):
             got = await sched.workers.acquire(r.worker_id, 0)
             assert {x.job_id for x in got.assignments} == {a.id, b.id, c.id}
             assert await same() == 3  # running, the same holds
+            assert not store.active_holds.any_scheduled(r.worker_id)
             task = {x.job_id: x.task_id for x in got.assignments}
             done = TaskCompletion(state="succeeded", exit_code=0)
             await sched.tasks.complete(as_worker(r), task[a.id], done)
@@ -85,7 +100,7 @@ def test_a_rolled_back_transaction_changes_no_hold(tmp_path):
                 await store.apply(placed + transitions.submitted(2.0, "a", s, "ada", 0))
             assert in_memory(store) == {} == await in_file(store)
             await store.apply(placed)
-            assert in_memory(store) == {"t1": ("a", "w1", (0,))} == await in_file(store)
+            assert in_memory(store) == {"t1": ("a", "w1", (0,), True)} == await in_file(store)
             task = await store.get_task("t1")
             await store.apply(transitions.task_end(3.0, task, JobState.lost, None, "gone"))
             assert in_memory(store) == {} == await in_file(store)
