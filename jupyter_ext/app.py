@@ -440,6 +440,21 @@ class _ToServerLog(logging.Handler):
             self.target.handle(record)
 
 
+def _level_shown(target: logging.Logger) -> int:
+    """The lowest level a record handed to ``target`` can be shown at: its own level,
+    raised to its handlers' where every one of them is stricter. (traitlets leaves the
+    server's logger at DEBUG and sets ``--log-level`` on its handler: a debug record
+    of ours, one per call, would be built only to be dropped there.)"""
+    handlers: list[logging.Handler] = []
+    logger: logging.Logger | None = target
+    while logger is not None:
+        handlers += logger.handlers
+        logger = logger.parent if logger.propagate else None
+    if not handlers:
+        return target.getEffectiveLevel()
+    return max(target.getEffectiveLevel(), min(h.level for h in handlers))
+
+
 def route_service_logs(server_log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
     """Send the ``jupyter_ext.*`` loggers (the services: "worker registered",
     "cancel requested", "task ended") to the server's log, at its level.
@@ -452,7 +467,7 @@ def route_service_logs(server_log: logging.Logger | logging.LoggerAdapter[loggin
         root.removeHandler(old)  # a second app in this process (tests) replaces the first
     handler = _ToServerLog(server_log)
     root.addHandler(handler)
-    root.setLevel(handler.target.getEffectiveLevel())
+    root.setLevel(_level_shown(handler.target))
     for name, logger in logging.root.manager.loggerDict.items():
         if isinstance(logger, logging.Logger) and name.startswith("jupyter_ext."):
             logger.disabled = False
