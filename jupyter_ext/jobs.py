@@ -36,6 +36,7 @@ from gpulayer.contracts import (
 )
 from gpulayer.errors import (
     Conflict,
+    GpulayerError,
     InvalidTransition,
     NotFound,
     QuotaExceeded,
@@ -52,16 +53,25 @@ from .sessions import Sessions
 from .store import IdempotencyRecord, JobRecord, ResultRecord, Statement, TaskRecord
 from .store.writes import insert_idempotency_key
 from .streams import job_key, logs_key
-from .transitions import cancel_requested, job_to, note, placed_on, submitted, task_end
+from .transitions import (
+    Begin,
+    cancel_requested,
+    job_to,
+    note,
+    submitted,
+    submitted_placed,
+    task_end,
+)
 
 log = logging.getLogger(__name__)
 
 #: Kinds whose jobs answer a result.
 _ANSWERING = frozenset({JobKind.function, JobKind.cell, JobKind.distributed})
 _ACTIVE = frozenset(JobState) - TERMINAL_STATES
-#: Starts a task placed at submit (lock held): ``(job, spec, task, statements)``.
+#: Starts a task placed at submit (lock held): ``(job, spec, task, statements,
+#: begin)``, the job and its task stored by ``begin``.
 StartAtSubmit = Callable[
-    [JobRecord, JobSpec, TaskRecord, list[Statement]], Awaitable[Assignment | None]
+    [JobRecord, JobSpec, TaskRecord, list[Statement], Begin], Awaitable[Assignment | None]
 ]
 #: Expired idempotency keys are pruned at most this often (on a submit).
 _PRUNE_EVERY_SECONDS = 60.0
@@ -130,15 +140,14 @@ class Jobs:
         digest = _digest(specs) if key is not None else ""
         if key is not None:
             await self._prune()
-            earlier = await self._replay(owner, key, digest)
-            if earlier is not None:
-                return earlier
         try:
             ids: list[str] = []
             jobs = await self._store(specs, owner, viewer, key, digest, answer, ids)
             return Submitted(jobs, job_ids=tuple(ids))
-        except Conflict:
-            # Two requests with one key at once: the other stored first.
+        except GpulayerError:
+            # The key is not read first (each read is time a waiting caller waits):
+            # its live record makes the submit's INSERT a conflict, and a repeat
+            # that a check refuses now (a queue filled since) answers what it stored.
             earlier = await self._replay(owner, key, digest) if key is not None else None
             if earlier is None:
                 raise
@@ -201,19 +210,20 @@ class Jobs:
         ids = [new_id() for _ in specs]
         if stored is not None:
             stored += ids
-        stmts: list[Statement] = []
-        dumped = [spec.model_dump_json() for spec in specs]
-        for job_id, spec, spec_json in zip(ids, specs, dumped, strict=True):
-            stmts += submitted(now, job_id, spec_json, owner, spec.priority)
+        keyed: list[Statement] = []
         if key is not None:
-            stmts += insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
+            keyed = insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
+        dumped = [spec.model_dump_json() for spec in specs]
         placed = False
         if len(specs) == 1:  # placed (and started) in the same transaction when it can be
             placed = await self._store_placed(
-                ids[0], specs[0], dumped[0], owner, now, stmts, sessions
+                ids[0], specs[0], dumped[0], owner, now, keyed, sessions
             )
         if not placed:
-            await core.store.apply(stmts)
+            stmts: list[Statement] = []
+            for job_id, spec, spec_json in zip(ids, specs, dumped, strict=True):
+                stmts += submitted(now, job_id, spec_json, owner, spec.priority)
+            await core.store.apply(keyed + stmts)  # a live key fails first
             self._filed(ids, specs, owner, sessions)
         quiet = all(s.kind in (JobKind.function, JobKind.cell) for s in specs)  # calls, cells
         how = "placed" if placed else "queued"
@@ -262,14 +272,15 @@ class Jobs:
         stmts: list[Statement],
         sessions: dict[tuple[str, str], JobRecord] | None = None,
     ) -> bool:
-        """Store a new job placed at once, in one transaction with its submit, when
-        the placement pass after the submit would place it right away: a cell of a
-        warm session on its session's worker, another job when nothing else is
-        queued and a worker has room. When that worker's acquire waits, the task is
-        started in the same transaction and its assignment handed to the acquire
-        (``Mailbox.started``). False, storing nothing, when it cannot be placed at
-        once (docs/adr/0133). ``sessions``: the owner's sessions as the submit's
-        checks read them."""
+        """Store a new job placed at once, in one transaction with its submit (and
+        ``stmts``, the submit's other statements), when the placement pass after the
+        submit would place it right away: a cell of a warm session on its session's
+        worker, another job when nothing else is queued and a worker has room. When
+        that worker's acquire waits, the task is started in the same transaction and
+        its assignment handed to the acquire (``Mailbox.started``); the job and its
+        task are stored in their final state at once (``submitted_placed``). False,
+        storing nothing, when it cannot be placed at once (docs/adr/0133).
+        ``sessions``: the owner's sessions as the submit's checks read them."""
         core = self._core
         async with core.lock:
             if spec.in_session:
@@ -282,13 +293,19 @@ class Jobs:
             job = JobRecord(0, job_id, spec_json, JobState.queued, None, owner, spec.priority,
                             None, 0, None, now, now, None, None, 0)  # fmt: skip
             task_id = new_id()
-            stmts += placed_on(now, job, task_id, w.id, w.name, gpus)
-            job = replace(job, state=JobState.scheduled, attempts=1, worker_id=w.id)
+            as_placed = replace(job, state=JobState.scheduled, attempts=1, worker_id=w.id)
             task = TaskRecord(task_id, job_id, 1, JobState.scheduled, w.id, tuple(gpus), None,
                               None, now, None, None, None, False, 0, None, None, 0)  # fmt: skip
+
+            def begin(at: float | None = None, lease: float | None = None) -> list[Statement]:
+                return submitted_placed(now, job, task_id, w.id, w.name, gpus, at, lease)
+
             start = self.start_at_submit
-            assignment = None if start is None else await start(job, spec, task, stmts)
-            await core.store.apply(stmts)
+            writes: list[Statement] = []
+            assignment = None
+            if start is not None:
+                assignment = await start(as_placed, spec, task, writes, begin)
+            await core.store.apply(stmts + (writes or begin()))  # a live key fails first
             self._filed([job_id], [spec], owner, sessions)
             if assignment is not None:
                 core.mailbox.started(w.id, assignment)

@@ -55,7 +55,7 @@ from .secrets import Secrets
 from .store import JobRecord, Statement, TaskRecord, WorkerRecord
 from .store.writes import append_system_line, delete_worker
 from .streams import worker_key
-from .transitions import started, unplaced
+from .transitions import Begin, started, unplaced
 
 log = logging.getLogger(__name__)
 
@@ -392,17 +392,24 @@ class Workers:
         return Acquired(assignments=ready + out, cancel=cancels, interrupt=interrupts, seq=seq)
 
     async def start_at_submit(
-        self, job: JobRecord, spec: JobSpec, task: TaskRecord, stmts: list[Statement]
+        self,
+        job: JobRecord,
+        spec: JobSpec,
+        task: TaskRecord,
+        stmts: list[Statement],
+        begin: Begin,
     ) -> Assignment | None:
         """Start ``task`` in its submit's own transaction (lock held; ``job`` and
         ``task`` as placed, not stored yet) when its worker's acquire waits now: adds
-        the statements to ``stmts`` and answers the assignment, for
-        ``Mailbox.started`` once they are stored. None when the worker is not
-        listening: the task stays ``scheduled`` for its next acquire."""
+        the statements to ``stmts`` (``begin``'s, which store the job and the task
+        as started, first) and answers the assignment, for ``Mailbox.started`` once
+        they are stored. None, adding nothing, when the worker is not listening: the
+        task stays ``scheduled`` for its next acquire."""
         assert task.worker_id is not None
         if not self._core.notifier.listening(worker_key(task.worker_id)):
             return None
-        return await self._start(task, stmts, self._next_seq() / 1e6, job=job, spec=spec)
+        now = self._next_seq() / 1e6
+        return await self._start(task, stmts, now, job=job, spec=spec, begin=begin)
 
     async def _start(
         self,
@@ -412,13 +419,16 @@ class Workers:
         *,
         job: JobRecord | None = None,
         spec: JobSpec | None = None,
+        begin: Begin | None = None,
     ) -> Assignment:
         """Add the statements that start ``task`` at ``now`` to ``stmts``; its
-        assignment (``job`` and ``spec``: its job as placed, when not stored yet)."""
+        assignment (``job`` and ``spec``: its job as placed, when not stored yet;
+        ``begin``: what stores it as started then, for a job not stored yet)."""
         core = self._core
         job = job or await core.job(task.job_id)
         core.instruments.dispatch_latency.observe(max(0.0, now - task.created_at))
-        stmts += started(now, job, task, now + core.settings.lease_seconds)
+        lease = now + core.settings.lease_seconds
+        stmts += started(now, job, task, lease) if begin is None else begin(now, lease)
         spec = spec or core.spec(job)
         api_token = None
         # A cell in a session runs in the session's kernel: the session's own

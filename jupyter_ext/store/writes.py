@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .records import TokenRecord
+from .records import JobRecord, TokenRecord
 
 Statement = tuple[str, Sequence[Any]]
 
@@ -36,6 +36,19 @@ def insert_job(
     return insert("jobs", row)
 
 
+def insert_placed_job(
+    job: JobRecord, state: str, reason: str, worker_id: str, started_at: float | None
+) -> Statement:
+    """A new job stored already in its first attempt (``scheduled`` or ``running``)."""
+    row = {
+        "id": job.id, "spec": job.spec_json, "state": state, "reason": reason,
+        "owner": job.owner, "priority": job.priority, "attempts": 1, "worker_id": worker_id,
+        "created_at": job.created_at, "updated_at": started_at or job.created_at,
+        "started_at": started_at,
+    }  # fmt: skip
+    return insert("jobs", row)
+
+
 def insert_event(
     job_id: str, task_id: str | None, ts: float, state: str, reason: str | None
 ) -> Statement:
@@ -44,6 +57,13 @@ def insert_event(
         "INSERT INTO events (job_id, task_id, ts, state, reason) VALUES (?, ?, ?, ?, ?)",
         (job_id, task_id, ts, state, reason),
     )
+
+
+def insert_events(events: Sequence[tuple[str, str | None, float, str, str | None]]) -> Statement:
+    """Several ``events`` rows ``(job_id, task_id, ts, state, reason)``, in this order."""
+    values = ", ".join(["(?, ?, ?, ?, ?)"] * len(events))
+    params = [v for event in events for v in event]
+    return f"INSERT INTO events (job_id, task_id, ts, state, reason) VALUES {values}", params
 
 
 def insert_task(
@@ -55,13 +75,19 @@ def insert_task(
     now: float,
     node_rank: int | None = None,
     gang_json: str | None = None,
+    *,
+    state: str = "scheduled",
+    started_at: float | None = None,
+    lease_expires: float | None = None,
 ) -> Statement:
-    """A new ``scheduled`` task."""
-    return (
-        "INSERT INTO tasks (id, job_id, attempt, state, worker_id, gpu_indices, created_at,"
-        " node_rank, gang) VALUES (?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)",
-        (task_id, job_id, attempt, worker_id, json.dumps(list(gpus)), now, node_rank, gang_json),
-    )
+    """A new ``scheduled`` task (or one ``running`` since ``started_at``)."""
+    row = {
+        "id": task_id, "job_id": job_id, "attempt": attempt, "state": state,
+        "worker_id": worker_id, "gpu_indices": json.dumps(list(gpus)), "created_at": now,
+        "node_rank": node_rank, "gang": gang_json, "started_at": started_at,
+        "lease_expires": lease_expires,
+    }  # fmt: skip
+    return insert("tasks", row)
 
 
 def set_job_attempt(job_id: str, attempts: int, worker_id: str | None) -> Statement:

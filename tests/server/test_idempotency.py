@@ -6,7 +6,8 @@ import functools
 import pytest
 
 from gpulayer.contracts import JobSpec
-from gpulayer.errors import Conflict
+from gpulayer.errors import Conflict, QuotaExceeded
+from jupyter_ext.core import Quotas
 
 from .planes import plane_on
 
@@ -117,3 +118,16 @@ async def test_a_key_expires_after_idempotency_seconds_and_is_pruned(plane):
         assert await cp.store.idempotency_key("ada", "k") is None
         assert await cp.store.idempotency_key("ada", "old") is None
         assert await cp.store.idempotency_key("ada", "new") is not None
+
+
+async def test_a_repeat_answers_its_job_though_a_check_would_refuse_it_now(plane):
+    # The client repeats a submit whose answer it lost; meanwhile the owner's queue
+    # filled. The job was stored: the repeat answers it, not the quota's 429.
+    spec = JobSpec(command=["true"])  # no worker: it stays queued
+    async with plane(quotas=Quotas(queued_jobs_per_owner=1)) as (cp, _):
+        first = await cp.jobs.submit_once([spec], "ada", key="k")
+        with pytest.raises(QuotaExceeded):
+            await cp.jobs.submit_once([spec], "ada", key="another")
+        again = await cp.jobs.submit_once([spec], "ada", key="k")
+        assert again.replayed and [j.id for j in again.jobs] == [first.jobs[0].id]
+        assert len(await cp.store.list_jobs(None, 10)) == 1

@@ -55,11 +55,19 @@ def test_a_submit_while_its_worker_waits_is_placed_and_started_in_one_commit(wor
                 ("running", "picked up by worker"),
                 ("running", "running"),
             ]
+            # the rows are stored as a later start would leave them: one attempt,
+            # the task running under its lease (what the lease sweep reads)
+            task = await cp.store.get_task(got.assignments[0].task_id)
+            assert task is not None and task.state == "running" and task.attempt == 1
+            assert task.started_at is not None and task.lease_expires is not None
+            assert task.lease_expires == pytest.approx(task.started_at + 10.0)
+            assert cp.store.active_holds.running(task.id)  # not waiting to start
         # durable: a fresh store reads it running on the worker
         store = await Store(tmp_path / "gl.db").open()
         try:
             row = await store.get_job(job.id)
             assert row is not None and row.state == "running" and row.worker_id == r.worker_id
+            assert row.attempts == 1 and row.started_at is not None
         finally:
             await store.close()
 
@@ -72,6 +80,9 @@ def test_a_submit_with_no_acquire_waiting_is_placed_and_picked_up_later(world):
             r = await cp.workers.register(reg("box"))
             job = await cp.jobs.submit(call_spec(), "u")
             assert job.state == "scheduled" and job.worker_name == "box"
+            assert job.attempts == 1 and job.started_at is None
+            events = [e.state for e in await cp.jobs.events(job.id)]
+            assert events == ["queued", "scheduled"]
             got = await cp.workers.acquire(r.worker_id, 0)
             assert [a.job_id for a in got.assignments] == [job.id]
             assert (await cp.jobs.get(job.id)).state == "running"
