@@ -297,7 +297,7 @@ class Jobs:
             task = TaskRecord(task_id, job_id, 1, JobState.scheduled, w.id, tuple(gpus), None,
                               None, now, None, None, None, False, 0, None, None, 0)  # fmt: skip
 
-            def begin(at: float | None = None, lease: float | None = None) -> list[Statement]:
+            def begin(at: float, lease: float) -> list[Statement]:
                 return submitted_placed(now, job, task_id, w.id, w.name, gpus, at, lease)
 
             start = self.start_at_submit
@@ -305,7 +305,9 @@ class Jobs:
             assignment = None
             if start is not None:
                 assignment = await start(as_placed, spec, task, writes, begin)
-            await core.store.apply(stmts + (writes or begin()))  # a live key fails first
+            if assignment is None:  # placed; its worker's next acquire starts it
+                writes = submitted_placed(now, job, task_id, w.id, w.name, gpus)
+            await core.store.apply(stmts + writes)  # a live key fails first
             self._filed([job_id], [spec], owner, sessions)
             if assignment is not None:
                 core.mailbox.started(w.id, assignment)

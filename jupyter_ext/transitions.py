@@ -154,12 +154,13 @@ def submitted_placed(
         state, reason = _S.running, "running"
         events += [(job.id, task_id, started_at, _S.running, "picked up by worker"),
                    (job.id, None, started_at, _S.running, "running")]  # fmt: skip
-    task = w.insert_task(
-        task_id, job.id, 1, worker_id, gpus, now,
-        state=state, started_at=started_at, lease_expires=lease_expires,
-    )  # fmt: skip
-    return [w.insert_placed_job(job, state, reason, worker_id, started_at), task,
-            w.insert_events(events)]  # fmt: skip
+    return [
+        w.insert_job(job.id, job.spec_json, job.owner, job.priority, reason, now,
+                     state=state, worker_id=worker_id, started_at=started_at),
+        w.insert_task(task_id, job.id, 1, worker_id, gpus, now,
+                      state=state, started_at=started_at, lease_expires=lease_expires),
+        w.insert_events(events),
+    ]  # fmt: skip
 
 
 def placed_reason(worker_name: str, gpus: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .records import JobRecord, TokenRecord
+from .records import TokenRecord
 
 Statement = tuple[str, Sequence[Any]]
 
@@ -26,24 +26,23 @@ def insert(table: str, row: dict[str, Any], *, replace: bool = False) -> Stateme
 
 
 def insert_job(
-    job_id: str, spec_json: str, owner: str, priority: int, reason: str, now: float
+    job_id: str,
+    spec_json: str,
+    owner: str,
+    priority: int,
+    reason: str,
+    now: float,
+    *,
+    state: str = "queued",
+    worker_id: str | None = None,
+    started_at: float | None = None,
 ) -> Statement:
-    """A new ``queued`` job."""
+    """A new ``queued`` job (or, with ``worker_id``, one in its first attempt there,
+    ``scheduled`` or ``running`` since ``started_at``)."""
     row = {
-        "id": job_id, "spec": spec_json, "state": "queued", "reason": reason, "owner": owner,
-        "priority": priority, "created_at": now, "updated_at": now,
-    }  # fmt: skip
-    return insert("jobs", row)
-
-
-def insert_placed_job(
-    job: JobRecord, state: str, reason: str, worker_id: str, started_at: float | None
-) -> Statement:
-    """A new job stored already in its first attempt (``scheduled`` or ``running``)."""
-    row = {
-        "id": job.id, "spec": job.spec_json, "state": state, "reason": reason,
-        "owner": job.owner, "priority": job.priority, "attempts": 1, "worker_id": worker_id,
-        "created_at": job.created_at, "updated_at": started_at or job.created_at,
+        "id": job_id, "spec": spec_json, "state": state, "reason": reason, "owner": owner,
+        "priority": priority, "attempts": 0 if worker_id is None else 1,
+        "worker_id": worker_id, "created_at": now, "updated_at": started_at or now,
         "started_at": started_at,
     }  # fmt: skip
     return insert("jobs", row)
