@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -175,11 +176,16 @@ class LocalCluster:
     # ----------------------------------------------------------- properties
 
     @property
+    def _reach_host(self) -> str:
+        """The address this machine reaches the control plane at."""
+        return "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+
+    @property
     def url(self) -> str:
         """The control plane URL (base_url included, ends with ``/``)."""
         if self.port is None:
             raise GpulayerError("the local cluster has not been started")
-        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+        host = self._reach_host
         host = f"[{host}]" if ":" in host else host
         scheme = "https" if self.tls else "http"
         return f"{scheme}://{host}:{self.port}{self.base_url}"
@@ -541,24 +547,37 @@ class LocalCluster:
             return False
         return any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets)
 
+    def _accepts(self) -> bool:
+        """Whether anything accepts connections on the control plane's port."""
+        try:
+            with socket.create_connection((self._reach_host, self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
     def _wait_healthy(self) -> None:
         assert self._server is not None
         url = self.url + contracts.API_PREFIX.lstrip("/") + "/health"
         deadline = time.monotonic() + START_DEADLINE_SECONDS
         verify = tls.for_httpx(tls.verify_for(self.url, self._fingerprint), self.url)
+        ours = False
         with httpx.Client(timeout=httpx.Timeout(2.0), verify=verify) as http:
             while True:
                 if self._server.poll() is not None:
                     raise GpulayerError(
                         exited("the control plane", self._server.returncode, self.log_path())
                     )
+                # Another server on this port (ours then fails to bind it, and exits
+                # with its reason in the log) is not our control plane. The port is
+                # bound before the control plane is ready: this check (~10 ms of
+                # reading the kernel's socket table) runs while it finishes starting,
+                # and health, which answers once it is ready, comes after.
+                ours = ours or (self._accepts() and self._listening(self._server.pid))
                 try:
-                    # Another server on this port (ours then fails to bind it, and
-                    # exits with its reason in the log) is not our control plane.
-                    if http.get(url).status_code == 200 and self._listening(self._server.pid):
+                    if ours and http.get(url).status_code == 200:
                         return
                 except httpx.TransportError:
-                    pass  # not listening yet
+                    pass  # not answering yet
                 if time.monotonic() > deadline:
                     raise GpulayerError(
                         f"the control plane did not answer {url} within "
