@@ -23,6 +23,8 @@ import stat
 from pathlib import Path
 from typing import TextIO
 
+from gpulayer.private import open_private
+
 log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "GPULAYER_DATA_DIR"
@@ -110,7 +112,10 @@ def lock_data_dir(path: Path) -> TextIO:
     """
     import fcntl
 
-    handle = (path / LOCK_FILE).open("a+", encoding="utf-8")
+    # Created 0600, as everything in the data dir (the start would tighten it, and say so).
+    handle = os.fdopen(
+        open_private(path / LOCK_FILE, os.O_RDWR | os.O_APPEND), "a+", encoding="utf-8"
+    )
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -131,6 +131,8 @@ def test_on_a_new_data_dir_workers_start_beside_the_control_plane(tmp_path: Path
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
                 assert b"--token-file\0-" in argv
                 assert cluster.join_token.encode() not in argv + environ
+                # What a fresh start makes is private already: no warning to read.
+                assert "readable by others" not in cluster.log_path().read_text()
 
 
 def test_a_worker_started_early_prepares_while_it_waits_for_its_token(tmp_path: Path) -> None:

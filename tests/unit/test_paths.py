@@ -113,6 +113,7 @@ def test_one_control_plane_holds_a_data_dir_at_a_time(home: Path) -> None:
     target = paths.data_dir()
     paths.prepare_data_dir(target)
     first = paths.lock_data_dir(target)
+    assert mode(target / paths.LOCK_FILE) == 0o600  # private from the start, as the rest
     try:
         with pytest.raises(paths.DataDirInUse, match=rf"pid {os.getpid()}\) uses {target}"):
             paths.lock_data_dir(target)
