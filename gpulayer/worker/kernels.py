@@ -168,6 +168,7 @@ class Kernel:
         kc = self._kc
         msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
         watch = asyncio.ensure_future(self._watch())
+        relayed = False
         try:
             while True:  # iopub until this request's `idle`: then every output is in
                 msg = await self._next(kc.iopub_channel, watch)
@@ -185,6 +186,12 @@ class Kernel:
                             transient=msg["content"].pop("transient", None) or {},
                         )
                     )
+                    if not relayed:
+                        # The `idle` and the reply are usually waiting already, and
+                        # reading them takes no turn of the loop: let the first
+                        # output's line be sent first (a cell's first output).
+                        relayed = True
+                        await asyncio.sleep(0)
             while True:  # the reply (it may come before or after `idle`)
                 reply = await self._next(kc.shell_channel, watch)
                 if reply["parent_header"].get("msg_id") == msg_id:

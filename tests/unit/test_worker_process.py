@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -434,11 +436,18 @@ def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
 
 @contextlib.asynccontextmanager
 async def session_cell(
-    tmp_path: Path, source: str, batch_seconds: float
-) -> AsyncIterator[tuple[CellTaskRun, LogShipper, PartialServer, Kernel]]:
-    """A cell of ``source`` in a real session kernel, its lines shipped to a
-    :class:`PartialServer`; the shipper stops and the kernel ends after."""
-    server = PartialServer()
+    tmp_path: Path,
+    source: str,
+    batch_seconds: float,
+    slow_first_line: bool = False,
+    server: Any = None,
+) -> AsyncIterator[tuple[CellTaskRun, LogShipper, Any, Kernel]]:
+    """A cell of ``source`` in a real session kernel, its lines shipped to
+    ``server`` (a :class:`PartialServer` by default); the shipper stops and the
+    kernel ends after. ``slow_first_line``: the worker takes 50 ms over its first
+    line (its CPU busy), so whatever the kernel sends next is waiting when it
+    reads on."""
+    server = server or PartialServer()
     shipper = LogShipper("t", server.send, batch_seconds=batch_seconds)
     runner = asyncio.create_task(shipper.run())
     spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
@@ -447,8 +456,19 @@ async def session_cell(
     kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
     await kernel.start()
     try:
+        on_line = shipper.add
+        if slow_first_line:
+            lines = 0
+
+            def on_line(*args: Any, **kwargs: Any) -> None:
+                nonlocal lines
+                lines += 1
+                if lines == 1:
+                    time.sleep(0.05)
+                shipper.add(*args, **kwargs)
+
         cell = CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
-                           on_line=shipper.add)  # fmt: skip
+                           on_line=on_line)  # fmt: skip
         yield cell, shipper, server, kernel
     finally:
         shipper.stop()
@@ -471,6 +491,46 @@ def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
             assert outcome.state == "succeeded", outcome
             await asyncio.sleep(0.05)  # the worker's own steps before the completion
             rest = await shipper.take_rest()
+            shipper.taken(rest, stored=True)
+        return server.lines, rest
+
+    sent, rest = asyncio.run(scenario())
+    assert [json.loads(t)["msg_type"] for t in sent] == ["stream"]
+    assert rest is not None
+    assert [json.loads(e.text)["msg_type"] for e in rest.lines] == ["execute_reply"]
+
+
+def test_a_cell_that_prints_and_ends_at_once_sends_its_output_before_its_end(
+    tmp_path: Path,
+) -> None:
+    """A cell whose output is its last act: the kernel's ``idle`` and reply are
+    there as soon as the output is, yet the output's line goes to the control plane
+    first, on its own (the first output, as the caller waits for it), and only the
+    ``execute_reply`` rides the completion."""
+
+    class AckLater:
+        """Records a batch as it is sent; acknowledges it once ``ack`` is set, as the
+        control plane does after its commit."""
+
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+            self.ack = asyncio.Event()
+
+        async def send(self, batch: LogBatch) -> LogAck:
+            self.lines += [line.text for line in batch.lines]
+            await self.ack.wait()
+            return LogAck(next_seq=batch.seq + len(batch.lines))
+
+    async def scenario() -> tuple[list[str], LogBatch | None]:
+        later = AckLater()
+        cell_in = session_cell(tmp_path, "print('hi')", 0.2, slow_first_line=True, server=later)
+        async with cell_in as (cell, shipper, server, _):
+            outcome = await cell.run()
+            assert outcome.state == "succeeded", outcome
+            rest_of = asyncio.create_task(shipper.take_rest())  # waits for that ack
+            await asyncio.sleep(0.05)
+            later.ack.set()
+            rest = await rest_of
             shipper.taken(rest, stored=True)
         return server.lines, rest
 
