@@ -192,15 +192,16 @@ class Secrets:
         self._masks.pop(job.id, None)
         return values, notes
 
-    async def masker(self, job_id: str) -> Masker:
+    async def masker(self, job_id: str, job: JobRecord | None = None) -> Masker:
         """What masks the output of ``job_id``: the values handed to its tasks and the
         current values of the secrets it names (for a cell in a session, the
-        session's)."""
+        session's). ``job``: its row, when the caller has read it already."""
         found = self._masks.get(job_id)
         if found is not None:
             self._masks.move_to_end(job_id)
             return found
-        job = await self._core.store.get_job(job_id)
+        if job is None:
+            job = await self._core.store.get_job(job_id)
         if job is None:
             return Masker()
         spec = self._core.spec(job)
@@ -210,9 +211,12 @@ class Secrets:
                 with contextlib.suppress(StorageError):  # said when its task started
                     values.add(await self._sealer.open(r.owner, r.name, r.sealed))
         if spec.in_session:
-            session = await self._sessions.session_of(job_id, (job.owner, spec.in_session))
-            if session is not None:
-                values |= (await self.masker(session.id)).values
+            session_id = self._sessions.submitted_to(job_id)  # known since its submit
+            if session_id is None:
+                session = await self._sessions.session_of(job_id, (job.owner, spec.in_session))
+                session_id = None if session is None else session.id
+            if session_id is not None:
+                values |= (await self.masker(session_id)).values
         made = Masker(values)
         _keep(self._masks, job_id, made)
         return made

@@ -152,6 +152,10 @@ class Sessions:
             if active is not None and (session := active.get(key)) is not None:
                 self._session_job[job_id] = session.id
 
+    def submitted_to(self, cell_job_id: str) -> str | None:
+        """The id of the session a cell was submitted to, while the cell is open."""
+        return self._session_job.get(cell_job_id)
+
     async def session_of(self, cell_job_id: str, key: Key) -> JobRecord | None:
         """The session a cell of session ``key`` runs in: the one it was submitted to,
         else the one of that name now."""

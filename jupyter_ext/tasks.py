@@ -76,29 +76,41 @@ class Tasks:
 
     async def open_task(self, reporter: Principal | None, task_id: str, what: str) -> TaskRecord:
         """:meth:`current` for a task that has not ended (:class:`Conflict` once it has)."""
-        task = await self.current(reporter, task_id)
+        return (await self._open_task_and_job(reporter, task_id, what))[0]
+
+    async def _open_task_and_job(
+        self, reporter: Principal | None, task_id: str, what: str
+    ) -> tuple[TaskRecord, JobRecord]:
+        """:meth:`open_task`, and the task's job as the fence read it."""
+        task, job = await self._current_and_job(reporter, task_id)
         if task.ended:
             closed = f"; its {what} are closed" if what else ""
             raise Conflict(f"task {task_id} already {task.state}{closed}")
-        return task
+        return task, job
 
     async def append_logs(
         self, reporter: Principal | None, task_id: str, batch: LogBatch
     ) -> LogAck:
         """Store a worker's log batch (lines it already sent are ignored), with the
         values of the job's secrets masked (whatever the worker did)."""
-        return await self._append_logs(await self.open_task(reporter, task_id, "logs"), batch)
+        task, job = await self._open_task_and_job(reporter, task_id, "logs")
+        return await self._append_logs(task, batch, job)
 
-    async def _append_logs(self, task: TaskRecord, batch: LogBatch) -> LogAck:
-        """:meth:`append_logs` for ``task`` as :meth:`open_task` just read it."""
-        lines = await self._masked(task, batch)
+    async def _append_logs(
+        self, task: TaskRecord, batch: LogBatch, job: JobRecord | None = None
+    ) -> LogAck:
+        """:meth:`append_logs` for ``task`` as :meth:`open_task` just read it (``job``:
+        its job, when read already)."""
+        lines = await self._masked(task, batch, job)
         arriving = await self._announce(task, batch.seq, lines)
         return await self._commit_lines(task, batch.seq, lines, [], arriving)
 
-    async def _masked(self, task: TaskRecord, batch: LogBatch) -> list[tuple[Any, ...]]:
+    async def _masked(
+        self, task: TaskRecord, batch: LogBatch, job: JobRecord | None = None
+    ) -> list[tuple[Any, ...]]:
         """A batch's lines as stored: ``(stream, ts, text, rank)``, the values of the
-        job's secrets masked (whatever the worker did)."""
-        masker = await self._secrets.masker(task.job_id)
+        job's secrets masked (whatever the worker did); ``job``: its row, if read."""
+        masker = await self._secrets.masker(task.job_id, job)
         return [
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)
             for e in batch.lines
@@ -245,12 +257,12 @@ class Tasks:
         lines: list[tuple[Any, ...]] = []
         arriving: Arriving | None = None
         if riding is not None:
-            lines = await self._masked(task, riding)
+            lines = await self._masked(task, riding, fenced)
             arriving = await self._announce(task, riding.seq, lines)
             if arriving is not None:
                 await asyncio.sleep(0)  # the woken follower answers now
         if done.reason is not None:  # it lands in the job's reason and events
-            masker = await self._secrets.masker(task.job_id)
+            masker = await self._secrets.masker(task.job_id, fenced)
             done = done.model_copy(update={"reason": masker.mask(done.reason)})
         answer: TaskRecord | None = None  # the task as ended, when known without a read
         if not task.ended:
