@@ -544,15 +544,23 @@ class Jobs:
     ) -> LogPage:
         """Lines from ``offset`` (only attempt ``attempt``'s when given); waits up to
         ``wait`` s for the first new one."""
-        await self.visible(job_id, viewer)
         core = self._core
         store = core.store
+        seen = store.version()
+        row = await self.visible(job_id, viewer)
+        first = True
 
         async def page() -> LogPage | None:
+            nonlocal first
             early = core.arriving.get(job_id)  # a cell's lines being committed (ADR 0112)
             if early is not None and attempt is None and early.first <= offset < early.end:
                 lines = [line for line in early.lines if line.offset >= offset][:limit]
                 return LogPage(lines=lines, next_offset=lines[-1].offset + 1, complete=False)
+            if first:  # what the job's row just said holds while nothing committed since
+                first = False
+                unchanged = seen is not None and store.version() == seen
+                if unchanged and not row.ended and row.log_count <= offset:
+                    return None  # no line there yet: wait (a follower asks as a cell starts)
             got = await store.log_page(job_id, offset, limit, attempt)
             return got if (got.lines or got.complete) else None
 
