@@ -319,9 +319,10 @@ class GpulayerApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
         data = Path(self.data_dir)
-        if tightened := await asyncio.to_thread(data_dir.secure, data):
-            self.log.warning("gpulayer: %d files or folders in %s were readable by others;"
-                             " now only their owner may read them", tightened, data)  # fmt: skip
+        # Only its owner may enter the folder: nothing in it is within others' reach.
+        # What an older version or a loose umask left readable inside is tightened
+        # once the control plane is up (a walk of every blob, ~4 us each).
+        data_dir.private_dir(data)
         store = await Store(self.db_path).open()
         limiter = LoginLimiter(self.login_failures_allowed, self.login_failure_window_seconds)
         tokens = TokenService(store, limiter=limiter, cache_seconds=self.token_cache_seconds)
@@ -360,6 +361,7 @@ class GpulayerApp(ExtensionApp):
         gauges = prometheus.add_state(registry, store, plane.core.fleet, plane.channels)
         self._state.running = Running(plane=plane, registry=registry, gauges=gauges)
         self._background.append(asyncio.create_task(self._sweep_loop(plane)))
+        self._background.append(asyncio.create_task(self._secure_data_dir(data)))
         if self.gc_interval_seconds > 0:
             self._background.append(asyncio.create_task(self._gc_loop(plane)))
         if plane.instances.providers:
@@ -368,6 +370,18 @@ class GpulayerApp(ExtensionApp):
         self._state.ready.set()
         release_gc()  # held by `python -m jupyter_ext` through its start (ADR 0147)
         self.log.info("gpulayer control plane ready (data in %s)", data)
+
+    async def _secure_data_dir(self, data: Path) -> None:
+        """Take group and other bits off everything in the data dir (after the start:
+        the folder itself is its owner's alone already, docs/security.md)."""
+        try:
+            tightened = await asyncio.to_thread(data_dir.secure, data)
+        except OSError as e:
+            self.log.warning("gpulayer: could not tighten the files in %s: %s", data, e)
+            return
+        if tightened:
+            self.log.warning("gpulayer: %d files or folders in %s were readable by others;"
+                             " now only their owner may read them", tightened, data)  # fmt: skip
 
     async def _sweep_loop(self, plane: ControlPlane) -> None:
         while True:

@@ -2,10 +2,12 @@
 
 It holds the database (every job's ``env`` in clear text), the bootstrap tokens,
 blobs, logs and the TLS key, so every folder under it is 0700 and every file
-0600 (docs/security.md). :func:`secure` runs at start: it makes the folder and
-takes group and other bits off anything an older version or a loose umask left
-behind. Folders made later go through :func:`private_dir`; files are created
-0600 where they are written (``os.open(..., 0o600)``, ``mkstemp``).
+0600 (docs/security.md). At start the control plane makes the folder its owner's
+alone (:func:`private_dir`: nothing inside is within others' reach from then on);
+:func:`secure` runs once it is up: it takes group and other bits off anything an
+older version or a loose umask left behind. Folders made later go through
+:func:`private_dir`; files are created 0600 where they are written
+(``os.open(..., 0o600)``, ``mkstemp``).
 
 The folder rules themselves are ``gpulayer/private.py``'s, shared with the client
 and the worker (a stdlib-only module, like ``gpulayer/paths.py``: ADR 0095).

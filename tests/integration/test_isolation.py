@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -143,12 +144,20 @@ def test_every_file_of_the_data_dir_is_owner_only_whatever_the_umask(tmp_path, g
 
 
 def test_an_older_data_dir_made_readable_is_tightened_at_start(tmp_path):
+    """The folder is its owner's alone as soon as the control plane is up; what lies
+    inside is tightened right after (a walk that does not delay readiness), and the
+    log says how many entries were fixed."""
     data = tmp_path / "data"
     with LocalCluster(data, workers=0):
         pass
     for p in [data, *data.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    with LocalCluster(data, workers=0):
+    with LocalCluster(data, workers=0) as cluster:
+        assert data.stat().st_mode & 0o077 == 0
+        deadline = time.monotonic() + 30
+        while "were readable by others" not in cluster.log_path().read_text():
+            assert time.monotonic() < deadline, cluster.log_path().read_text()
+            time.sleep(0.05)
         loose = [p for p in [data, *data.rglob("*")] if p.lstat().st_mode & 0o077]
     assert loose == []
 
