@@ -115,8 +115,9 @@ class Agent:
         self.data_dir = Path(
             config.data_dir or Path(tempfile.gettempdir(), f"gpulayer-worker-{self.name}")
         ).absolute()
-        private_dir(self.data_dir)  # its token's blobs and caches: this user's only
-        tighten(self.data_dir)
+        # Its credential, blob cache and environments: this user's only from now on;
+        # what a loose umask left readable inside is tightened once it has registered.
+        private_dir(self.data_dir)
         self.tasks_root = make_tasks_root(self.name)  # outside the data dir
         self.devices = devices.discover()
         self.network = self._network()
@@ -215,7 +216,22 @@ class Agent:
         log.info("distributed jobs: %s", network.describe(self.network))
         if (user := spawning.task_user()) is not None:
             log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
-        await asyncio.gather(self._heartbeat_loop(), self._acquire_loop(), self._lease_loop())
+        await asyncio.gather(
+            self._tighten(), self._heartbeat_loop(), self._acquire_loop(), self._lease_loop()
+        )
+
+    async def _tighten(self) -> None:
+        """Take group and other bits off everything in the data dir (ADR 0156: the
+        folder is its user's alone already; a walk of a large blob cache no longer
+        delays the registration)."""
+        try:
+            fixed = await asyncio.to_thread(tighten, self.data_dir)
+        except OSError as e:
+            log.warning("could not tighten the files in %s: %s", self.data_dir, e)
+            return
+        if fixed:
+            log.warning("%d files or folders in %s were readable by others; now only"
+                        " their owner may read them", fixed, self.data_dir)  # fmt: skip
 
     async def shutdown(self) -> None:
         """Release every task (reported ``lost``, so it is retried), and wait for its processes."""
