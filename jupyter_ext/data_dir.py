@@ -39,5 +39,7 @@ def secure(root: str | os.PathLike[str]) -> int:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
             except PermissionError:  # another user's (e.g. a worker's task folder)
                 continue
+            except FileNotFoundError:  # removed since (the walk runs beside the server)
+                continue
             changed += 1
     return changed
