@@ -72,7 +72,7 @@ def tighten(root: str | os.PathLike[str]) -> int:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
             except PermissionError:  # another user's
                 continue
-            except FileNotFoundError:  # removed since (the walk runs beside the worker)
+            except FileNotFoundError:  # removed since (the walk runs beside a server)
                 continue
             changed += 1
     return changed

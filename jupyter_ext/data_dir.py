@@ -14,32 +14,15 @@ and the worker (a stdlib-only module, like ``gpulayer/paths.py``: ADR 0095).
 """
 
 import os
-import stat
 
-from gpulayer.private import DIR_MODE, FILE_MODE, private_dir
+from gpulayer.private import DIR_MODE, FILE_MODE, private_dir, tighten
 
 __all__ = ["DIR_MODE", "FILE_MODE", "private_dir", "secure"]
 
 
 def secure(root: str | os.PathLike[str]) -> int:
     """Make ``root`` private and take group/other bits off everything under it
-    (links left alone); returns how many entries were tightened (blocking)."""
+    (links and other users' entries left alone); returns how many entries were
+    tightened (blocking)."""
     private_dir(root)
-    changed = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:  # removed while we walked
-                continue
-            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
-                continue
-            try:
-                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
-            except PermissionError:  # another user's (e.g. a worker's task folder)
-                continue
-            except FileNotFoundError:  # removed since (the walk runs beside the server)
-                continue
-            changed += 1
-    return changed
+    return tighten(root)

@@ -159,7 +159,7 @@ class Sessions:
     async def session_of(self, cell_job_id: str, key: Key) -> JobRecord | None:
         """The session a cell of session ``key`` runs in: the one it was submitted to,
         else the one of that name now."""
-        known = self._session_job.get(cell_job_id)
+        known = self.submitted_to(cell_job_id)
         if known is not None:
             row = await self._core.store.get_job(known)
             if row is not None:

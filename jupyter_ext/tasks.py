@@ -94,22 +94,16 @@ class Tasks:
         """Store a worker's log batch (lines it already sent are ignored), with the
         values of the job's secrets masked (whatever the worker did)."""
         task, job = await self._open_task_and_job(reporter, task_id, "logs")
-        return await self._append_logs(task, batch, job)
-
-    async def _append_logs(
-        self, task: TaskRecord, batch: LogBatch, job: JobRecord | None = None
-    ) -> LogAck:
-        """:meth:`append_logs` for ``task`` as :meth:`open_task` just read it (``job``:
-        its job, when read already)."""
         lines = await self._masked(task, batch, job)
         arriving = await self._announce(task, batch.seq, lines)
         return await self._commit_lines(task, batch.seq, lines, [], arriving)
 
     async def _masked(
-        self, task: TaskRecord, batch: LogBatch, job: JobRecord | None = None
+        self, task: TaskRecord, batch: LogBatch, job: JobRecord
     ) -> list[tuple[Any, ...]]:
         """A batch's lines as stored: ``(stream, ts, text, rank)``, the values of the
-        job's secrets masked (whatever the worker did); ``job``: its row, if read."""
+        secrets of ``job`` (the task's, as the fence read it) masked (whatever the
+        worker did)."""
         masker = await self._secrets.masker(task.job_id, job)
         return [
             (e.stream.value, e.ts.timestamp(), masker.mask_line(e.stream.value, e.text), e.rank)

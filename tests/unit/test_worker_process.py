@@ -528,7 +528,7 @@ def test_a_cell_that_prints_and_ends_at_once_sends_its_output_before_its_end(
             outcome = await cell.run()
             assert outcome.state == "succeeded", outcome
             rest_of = asyncio.create_task(shipper.take_rest())  # waits for that ack
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0)  # its first step holds the lines not sent yet
             later.ack.set()
             rest = await rest_of
             shipper.taken(rest, stored=True)
