@@ -1,4 +1,5 @@
-"""``python -m jupyter_ext``: a headless control plane (what ``gpulayer up`` starts)."""
+"""``python -m jupyter_ext``: a headless control plane (what ``gpulayer up`` starts;
+:mod:`jupyter_ext.headless`, ADR 0157)."""
 
 import sys
 
@@ -17,6 +18,6 @@ skip_pydantic_plugins()  # the headless control plane uses none (ADR 0148)
 for _unused in ("rfc3987_syntax", "isoduration", "rfc3986_validator"):
     sys.modules.setdefault(_unused, None)  # type: ignore[arg-type]
 
-from .app import main  # noqa: E402
+from .headless import main  # noqa: E402
 
 main()

@@ -1,8 +1,9 @@
 """A local gpulayer cluster: the control plane and workers as subprocesses.
 
 :class:`LocalCluster` is what ``gpulayer up`` and ``gpulayer demo`` run, and what
-notebooks CI and benchmarks start: a headless Jupyter server with ``jupyter_ext``
-(``python -m jupyter_ext``) plus ``gpulayer join`` workers, all on this machine,
+notebooks CI and benchmarks start: the headless control plane (``python -m
+jupyter_ext``: the extension's routes in a plain tornado server, ADR 0157) plus
+``gpulayer join`` workers, all on this machine,
 with their output in ``<data_dir>/logs/``.
 
 With ``tls`` (the default when it listens beyond loopback) the control plane
@@ -107,8 +108,9 @@ class LocalCluster:
         Extra ``--Class.trait=value`` arguments for the control plane.
     server_module
         What ``python -m`` runs as the control plane: ``jupyter_ext`` (headless, the
-        default) or ``jupyterlab`` (JupyterLab with the control plane and the sidebar
-        inside, as the browser tests run it).
+        default), ``jupyterlab`` (JupyterLab with the control plane and the sidebar
+        inside, as the browser tests run it) or ``jupyter_server`` (a Jupyter server
+        with the control plane inside, and Jupyter's kernels).
     task_user
         ``--task-user`` of the local workers: None for their default (``gpulayer-task``
         when root), ``""`` to run tasks as this user.

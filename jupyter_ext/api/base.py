@@ -15,6 +15,7 @@ arrives) for the routes that take a blob (``upload = True``). docs/adr/0076.
 """
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -89,6 +90,11 @@ class AppState:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: The owner of every Jupyter login the server knows no name for (set at start).
     anonymous_owner: str = "jupyter"
+    #: The control plane's log. The handlers' ``self.log`` (jupyter_server's extension
+    #: mixin) is ``settings["gpulayer"].log``: this, under either host.
+    log: logging.Logger | logging.LoggerAdapter[logging.Logger] = field(
+        default_factory=lambda: logging.getLogger("gpulayer")
+    )
 
 
 #: jupyter_server's own identity providers: they check a shared token or password,

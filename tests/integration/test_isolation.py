@@ -64,7 +64,6 @@ def _probe(conn: Connection, cluster: LocalCluster) -> dict:
 
 @ROOT_ONLY
 def test_a_job_of_a_root_worker_runs_unprivileged_and_cannot_read_the_control_plane(cluster, conn):
-    assert list(Path(jupyter_runtime_dir()).glob("jpserver-*.json")), "Jupyter's server files"
     seen = _probe(conn, cluster)
     assert seen["uid"] == pwd.getpwnam("gpulayer-task").pw_uid != 0
     assert seen["read"] == []

@@ -204,16 +204,17 @@ def test_nbclient_runs_a_notebook_on_the_gpulayer_kernel(kernels: Connection) ->
 def jupyter_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *server_args: str
 ) -> Iterator[tuple[LocalCluster, httpx.Client]]:
-    """A real Jupyter server (the headless control plane is one) with a worker, whose
-    gpulayer connection is the file `gpulayer up` saves; an HTTP client with its
-    Jupyter token."""
+    """A real Jupyter server (``python -m jupyter_server``, the control plane inside as
+    in ``jupyter lab``) with a worker, whose gpulayer connection is the file `gpulayer
+    up` saves; an HTTP client with its Jupyter token."""
     saved = tmp_path / "connection.json"
     monkeypatch.delenv("GPULAYER_URL")  # the server's gpulayer connection is the file
     monkeypatch.delenv("GPULAYER_TOKEN")
     env = {"GPULAYER_CONFIG": str(saved), "JUPYTER_PATH": os.environ["JUPYTER_PATH"],
            "JUPYTER_DATA_DIR": os.environ["JUPYTER_DATA_DIR"]}  # fmt: skip
     with LocalCluster(tmp_path / "c", workers=1, env=env, simulated_gpus="1xA100-80GB",
-                      heartbeat_seconds=0.5, server_args=server_args) as c:  # fmt: skip
+                      heartbeat_seconds=0.5, server_args=server_args,
+                      server_module="jupyter_server") as c:  # fmt: skip
         config.save(config.ConnectionConfig(url=c.url, token=c.admin_token), saved)
         auth = {"Authorization": f"token {c.jupyter_token}"}
         with httpx.Client(base_url=c.url, headers=auth, timeout=90) as http:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_ext import app
+from jupyter_ext import service
 from jupyter_ext.api import (
     base,
     health,
@@ -385,7 +385,7 @@ MATRIX: dict[type, dict[str, Case]] = {
 
 def _mounted() -> list[tuple[str, type]]:
     """Every route the app mounts: the API's and those beside it."""
-    return app.routes() + app.outer_routes()
+    return service.routes() + service.outer_routes()
 
 
 def _verbs(handler: type) -> list[str]:

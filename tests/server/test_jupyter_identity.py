@@ -12,7 +12,7 @@ import json
 import pytest
 from jupyter_server.auth.identity import IdentityProvider, User
 
-from jupyter_ext.app import ANONYMOUS_OWNER_FILE
+from jupyter_ext.service import ANONYMOUS_OWNER_FILE
 
 JOB = {"command": ["true"], "resources": {"gpus": 8}}  # stays queued: there is no worker
 

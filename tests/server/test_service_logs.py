@@ -1,11 +1,11 @@
 """The services' log lines reach the Jupyter server's log at the level it shows
-(``jupyter_ext.app.route_service_logs``), and no line is built below that level."""
+(``jupyter_ext.service.route_service_logs``), and no line is built below that level."""
 
 import logging
 
 import pytest
 
-from jupyter_ext.app import route_service_logs
+from jupyter_ext.service import route_service_logs
 
 
 class Kept(logging.Handler):

@@ -43,7 +43,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
 }
 #: Checked in this order (the most specific patterns first).
 MATCH_ORDER = ("handlers", "store", "services")
-ROOTS = ("jupyter_ext", "jupyter_ext.app", "jupyter_ext.__main__")
+ROOTS = (
+    "jupyter_ext",
+    "jupyter_ext.app",
+    "jupyter_ext.service",
+    "jupyter_ext.headless",
+    "jupyter_ext.__main__",
+)
 #: Modules only handlers (and roots) may import: the web framework and its config.
 WEB_MODULES = ("tornado", "jupyter_server", "jupyter_core", "traitlets")
 #: Only the store may hold SQL or open the database.
