@@ -133,6 +133,30 @@ def lock_data_dir(path: Path) -> TextIO:
     return handle
 
 
+def note_port(lock: TextIO, port: int) -> None:
+    """Add to the held lock file (:func:`lock_data_dir`) the port its control plane
+    now listens on: ``gpulayer up`` learns from it that the server on the port is the
+    one it started (only this user can write the file) without reading the kernel's
+    socket table."""
+    lock.write(f"port {port}\n")
+    lock.flush()
+
+
+def lock_holder(path: Path) -> tuple[int | None, int | None]:
+    """The pid and port the lock file of data dir ``path`` names (None for a line
+    it lacks: no control plane yet, or one that does not listen yet)."""
+    try:
+        text = (path / LOCK_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("pid", "port") and value.strip().isdigit():
+            found[key] = int(value)
+    return found.get("pid"), found.get("port")
+
+
 def _same(a: Path, b: Path) -> bool:
     return a.expanduser().resolve() == b.expanduser().resolve()
 

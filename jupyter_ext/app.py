@@ -41,6 +41,7 @@ class GpulayerApp(GpulayerService, ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""
         certfile = getattr(serverapp, "certfile", "") or ""
+        self.listening(serverapp.port)  # a Jupyter server is bound before this hook runs
         await self.start_plane(
             endpoint_of(serverapp.ip, serverapp.port, serverapp.base_url, certfile)
         )

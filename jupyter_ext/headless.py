@@ -201,6 +201,7 @@ class ControlPlaneServer(Application):
                               " available (%s)", opts.port, e.strerror or e)  # fmt: skip
             await service.stop_plane()
             return 1
+        service.listening(opts.port)
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -303,6 +303,12 @@ class GpulayerService(LoggingConfigurable):
                 raise SystemExit(f"gpulayer: {e}") from None
             raise
 
+    def listening(self, port: int) -> None:
+        """Note, once its server is bound, the port it listens on beside its pid in
+        the data dir's lock file (``LocalCluster`` checks that the server answering
+        on its port is the one it started)."""
+        paths.note_port(self._data_lock, port)
+
     async def start_plane(self, endpoint: Endpoint) -> None:
         """Open the store, recover state and start the lease sweep (the server listens
         already: requests that arrive meanwhile wait for ``ready``). ``endpoint`` is

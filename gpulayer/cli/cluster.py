@@ -36,7 +36,7 @@ from typing import Self
 import httpx
 import psutil
 
-from gpulayer import contracts, tls
+from gpulayer import contracts, paths, tls
 from gpulayer.cli import forks
 from gpulayer.cli.processes import (
     DEFAULT_PORT,
@@ -549,6 +549,11 @@ class LocalCluster:
             return False
         return any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets)
 
+    def _announced(self) -> bool:
+        """Whether this cluster's control plane wrote that it listens on the port."""
+        assert self._server is not None
+        return paths.lock_holder(self.data_dir) == (self._server.pid, self.port)
+
     def _accepts(self) -> bool:
         """Whether anything accepts connections on the control plane's port."""
         try:
@@ -570,11 +575,11 @@ class LocalCluster:
                         exited("the control plane", self._server.returncode, self.log_path())
                     )
                 # Another server on this port (ours then fails to bind it, and exits
-                # with its reason in the log) is not our control plane. The port is
-                # bound before the control plane is ready: this check (~10 ms of
-                # reading the kernel's socket table) runs while it finishes starting,
-                # and health, which answers once it is ready, comes after.
-                ours = ours or (self._accepts() and self._listening(self._server.pid))
+                # with its reason in the log) is not our control plane. Ours notes its
+                # port in the data dir's lock file once bound, before it is ready;
+                # failing that, the kernel's socket table says (~10-25 ms to read).
+                pid = self._server.pid
+                ours = ours or (self._accepts() and (self._announced() or self._listening(pid)))
                 try:
                     if ours and http.get(url).status_code == 200:
                         return

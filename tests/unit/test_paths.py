@@ -120,3 +120,21 @@ def test_one_control_plane_holds_a_data_dir_at_a_time(home: Path) -> None:
     finally:
         first.close()
     paths.lock_data_dir(target).close()  # released with its holder
+
+
+def test_the_lock_names_the_port_its_holder_listens_on_once_it_does(home: Path) -> None:
+    """What `gpulayer up` reads to know that the server on its port is the one it
+    started; a control plane that takes the folder over starts without a port."""
+    target = paths.data_dir()
+    paths.prepare_data_dir(target)
+    assert paths.lock_holder(target) == (None, None)  # nobody has held it
+    lock = paths.lock_data_dir(target)
+    assert paths.lock_holder(target) == (os.getpid(), None)  # not listening yet
+    paths.note_port(lock, 8765)
+    assert paths.lock_holder(target) == (os.getpid(), 8765)
+    lock.close()
+    again = paths.lock_data_dir(target)
+    try:
+        assert paths.lock_holder(target) == (os.getpid(), None)  # the old port is gone
+    finally:
+        again.close()
