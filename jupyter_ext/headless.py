@@ -186,6 +186,9 @@ class ControlPlaneServer(Application):
             "local_hostnames": opts.local_hostnames,
             "identity_provider": identity,
             "authorizer": AllowAllAuthorizer(config=self.config, identity_provider=identity),
+            # Jupyter's default is True; every gpulayer verb is marked to pass (it
+            # authenticates itself): an unmarked one would fail closed here.
+            "allow_unauthenticated_access": False,
             "log_function": self.log_request,
             "serverapp": None,
             "config": self.config,
