@@ -33,7 +33,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
-from traitlets import Bool, Int, List, Unicode, default, validate
+from traitlets import Bool, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, Config, Configurable
 
 from gpulayer.contracts import API_PREFIX
@@ -174,10 +174,14 @@ class ControlPlaneServer(Application):
 
     async def serve(self) -> int:
         """Listen, start the control plane and serve until told to stop; the exit status."""
-        opts = ServerOptions.from_config(self.config)
-        service = GpulayerService(config=self.config, log=self.log)
+        try:  # a value of the wrong kind, or out of its choices: one line, no traceback
+            opts = ServerOptions.from_config(self.config)
+            service = GpulayerService(config=self.config, log=self.log)
+            identity = IdentityProvider(config=self.config, log=self.log)
+        except (TraitError, ValueError) as e:
+            self.log.critical("gpulayer: bad configuration: %s", e)
+            return 2
         service.headless = True
-        identity = IdentityProvider(config=self.config, log=self.log)
         settings: dict[str, Any] = {
             "base_url": opts.base_url,
             "cookie_secret": os.urandom(32),

@@ -4,6 +4,8 @@ Jupyter's config files under the command line, keeps a Jupyter server's guard
 against DNS rebinding, and serves nothing but gpulayer."""
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,3 +67,20 @@ def test_it_refuses_a_host_name_that_is_not_local_and_serves_only_gpulayer(
         # Jupyter's own API is not there: `jupyter lab` is the Jupyter server
         auth = {"Authorization": f"token {cluster.jupyter_token}"}
         assert http.get(cluster.url + "api/kernels", headers=auth).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("--GpulayerApp.jupyter_user_role=boss", "jupyter_user_role must be one of"),
+        ("--GpulayerApp.max_body_bytes=lots", "'max_body_bytes' trait"),
+        ("--ServerApp.port=eighty", "'port' trait"),
+    ],
+)
+def test_a_bad_option_stops_it_with_one_line(tmp_path: Path, option: str, said: str) -> None:
+    argv = [sys.executable, "-m", "jupyter_ext", f"--GpulayerApp.data_dir={tmp_path}", option]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "gpulayer: bad configuration:" in line and said in line
+    assert not (tmp_path / "gpulayer.db").exists()  # nothing was started
