@@ -178,8 +178,12 @@ class ControlPlaneServer(Application):
             opts = ServerOptions.from_config(self.config)
             service = GpulayerService(config=self.config, log=self.log)
             identity = IdentityProvider(config=self.config, log=self.log)
+            tls = opts.ssl_context()
         except (TraitError, ValueError) as e:
             self.log.critical("gpulayer: bad configuration: %s", e)
+            return 2
+        except OSError as e:  # ssl.SSLError is one: a key that does not fit, a PEM that is not
+            self.log.critical("gpulayer: cannot serve TLS with %s: %s", opts.certfile, e)
             return 2
         service.headless = True
         settings: dict[str, Any] = {
@@ -199,7 +203,7 @@ class ControlPlaneServer(Application):
         }
         service.prepare_plane(settings)  # exits with one line when the data dir is another's
         app = web.Application(handlers(opts.base_url), **settings)
-        server = HTTPServer(app, ssl_options=opts.ssl_context(), max_body_size=opts.max_body_size,
+        server = HTTPServer(app, ssl_options=tls, max_body_size=opts.max_body_size,
                             max_buffer_size=opts.max_buffer_size)  # fmt: skip
         try:
             server.add_sockets(bind_sockets(opts.port, opts.ip or None))
