@@ -208,9 +208,15 @@ class Agent:
         the prestarted runners start while it is awaited, and it is the token that
         registers (``gpulayer up`` hands it over once its control plane is up)."""
         psutil.cpu_percent(None)  # the first reading is meaningless; start the window
-        self._runners.start()
+        user = spawning.task_user()
+        proof = user is not None and self._runners.prestart > 0
+        self._runners.start(quiet=proof)
+        if user is not None and not proof:
+            await asyncio.to_thread(task_user.check_reachable, user)
         if join_token is not None:
             self._uplink.join_token = await join_token
+        if proof:
+            await self._prove_task_user()
         await self._first_registration()
         release_gc()  # held by `gpulayer join` through its start (ADR 0147)
         log.info("distributed jobs: %s", network.describe(self.network))
@@ -246,6 +252,19 @@ class Agent:
         await asyncio.to_thread(shutil.rmtree, self.tasks_root, True)
 
     # ---------------------------------------------------------- registration
+
+    async def _prove_task_user(self) -> None:
+        """Wait for the prestarted runner: it runs as the task user, so its coming up
+        proves that user can run this Python and gpulayer (no probe process of its
+        own, ADR 0158). When it fails, the probe says why: the one-line
+        ``ConfigError``, before the worker registers."""
+        failed = await self._runners.prestarted()
+        if failed is None:
+            return
+        user = spawning.task_user()
+        assert user is not None
+        await asyncio.to_thread(task_user.check_reachable, user)  # raises: why
+        log.warning("the prestarted function runner could not start: %s", failed)
 
     async def _first_registration(self) -> None:
         """Register, giving up on a control plane that never answers within
@@ -502,10 +521,11 @@ async def run_agent(
     ``stop`` is None, until SIGINT or SIGTERM sets it).
 
     ``token``, when given, reads the join token in place of ``config.token``; it is
-    called in a thread of its own once the task user is checked, the supervisor
-    started and the agent built, while the prestarted runners start, so that a
-    worker started beside its control plane (``gpulayer up``, which hands the
-    token over once it exists) does all that while the control plane starts.
+    called in a thread of its own once the supervisor is started and the agent
+    built, while the prestarted runners start, so that a worker started beside its
+    control plane (``gpulayer up``, which hands the token over once it exists) does
+    all that while the control plane starts. A task user is checked by its
+    prestarted runner coming up, else by a probe (ADR 0158), before registering.
 
     Raises
     ------
@@ -518,7 +538,7 @@ async def run_agent(
         if its task user cannot be had or cannot run this Python (one line).
     """
     tls.refuse_clear_text(config.url, config.insecure, "pass --insecure")
-    user = await asyncio.to_thread(task_user.resolve, config.task_user)
+    user = await asyncio.to_thread(task_user.resolve, config.task_user, check=False)
     spawning.use_task_user(user)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []

@@ -118,6 +118,9 @@ class Runner:
         self.calls = 0
         self.idle_since = time.monotonic()
         self.on_line: LineCallback | None = None  # the current call's, for C-level output
+        #: Output outside a call goes to the worker's log at debug, not info (a
+        #: prestarted runner whose failure the worker explains itself).
+        self.quiet = False
         self._stderr_task = asyncio.create_task(self._pump_stderr(), name=f"{self.name}-stderr")
 
     @classmethod
@@ -127,10 +130,12 @@ class Runner:
         env: Mapping[str, str],
         homes: Path | None = None,
         hold: EnvHold | None = None,
+        *,
+        quiet: bool = False,
     ) -> "Runner":
         """Start a runner and wait for its ``ready`` frame; with a task user its HOME
         and TMPDIR are a folder of its own under ``homes``; ``hold`` (on its Python
-        env) is released when it closes."""
+        env) is released when it closes; ``quiet``: see :attr:`quiet`."""
         name = f"runner-{next(cls._ids)}"
         env = dict(env)
         folder = None
@@ -146,6 +151,7 @@ class Runner:
                 hold.release()
             raise
         runner = cls(key, proc, name, folder, hold)
+        runner.quiet = quiet
         try:
             msg = await asyncio.wait_for(runner._recv(), _START_TIMEOUT_SECONDS)
         except BaseException:  # incl. cancellation by RunnerPool.close: reap it first
@@ -282,7 +288,7 @@ class Runner:
             if self.on_line is not None:
                 self.on_line(c.LogStream.stderr, text, datetime.now(UTC))
             else:
-                log.info("%s: %s", self.name, text)
+                log.log(logging.DEBUG if self.quiet else logging.INFO, "%s: %s", self.name, text)
 
     def kill(self) -> None:
         """SIGKILL the runner's process group (the runner and what it started)."""
@@ -349,13 +355,30 @@ class RunnerPool:
     _busy: set[Runner] = field(default_factory=set)
     _closed: bool = False
     _spares: set[asyncio.Task[None]] = field(default_factory=set)
+    _prestart_errors: list[BaseException] = field(default_factory=list)
 
     PLAIN: Key = (None, (), (), None)
 
-    def start(self) -> None:
-        """Start the prestarted runners in the background."""
+    def start(self, *, quiet: bool = False) -> None:
+        """Start the prestarted runners in the background; ``quiet``: a failure is
+        kept for :meth:`prestarted` (and logged at debug), not logged as an error."""
         for _ in range(self.prestart):
-            self._spare(self.PLAIN)
+            self._spare(self.PLAIN, quiet=quiet)
+
+    async def prestarted(self) -> BaseException | None:
+        """Once the prestarted runners are up (or failed): None when one is up, else
+        why the first failed (:class:`RunnerDied`, or the ``OSError`` of its exec).
+        A worker whose tasks run as another user takes a runner that came up, as that
+        user, as the proof that the user can run this Python and gpulayer."""
+        name = _spare_name(self.PLAIN)
+        starting = [t for t in self._spares if t.get_name() == name]
+        if starting:
+            await asyncio.wait(starting)
+        for runner in self._idle.get(self.PLAIN, ()):
+            runner.quiet = False
+        if self.idle_count(self.PLAIN) or not self._prestart_errors:
+            return None
+        return self._prestart_errors[0]
 
     def env_for(self, key: Key) -> dict[str, str]:
         """A runner's environment: the base, the job's env, the GPU reservation, its
@@ -430,16 +453,20 @@ class RunnerPool:
             return len(self._idle.get(key, ()))
         return sum(len(rs) for rs in self._idle.values())
 
-    def _spare(self, key: Key) -> None:
+    def _spare(self, key: Key, *, quiet: bool = False) -> None:
         if self._closed:
             return
         self._starting[key] = self._starting.get(key, 0) + 1
 
         async def start() -> None:
             try:
-                runner = await self._start(key)
-            except Exception:  # a background start: the next take() starts one itself
-                log.exception("could not start a spare runner")
+                runner = await self._start(key, quiet=quiet)
+            except Exception as e:  # a background start: the next take() starts one itself
+                if not quiet:
+                    log.exception("could not start a spare runner")
+                    return
+                log.debug("could not start a prestarted runner: %s", e)
+                self._prestart_errors.append(e)
                 return
             finally:
                 self._starting[key] -= 1
@@ -453,13 +480,13 @@ class RunnerPool:
         self._spares.add(task)
         task.add_done_callback(self._spares.discard)
 
-    async def _start(self, key: Key) -> Runner:
+    async def _start(self, key: Key, *, quiet: bool = False) -> Runner:
         hold = None
         if key[3] is not None and self.hold is not None:
             hold = await asyncio.to_thread(self.hold, key[3].key)
             if hold is None:
                 raise RunnerDied(None, f"could not start: its Python env {key[3].key} is gone")
-        return await Runner.start(key, self.env_for(key), self.homes, hold)
+        return await Runner.start(key, self.env_for(key), self.homes, hold, quiet=quiet)
 
     def _room(self) -> bool:
         """Whether another runner fits: at most ``max_idle`` in all, busy ones included."""

@@ -56,11 +56,13 @@ class TaskUser:
         return cls(name=name, uid=pw.pw_uid, gid=pw.pw_gid, groups=groups)
 
 
-def resolve(name: str | None) -> TaskUser | None:
+def resolve(name: str | None, *, check: bool = True) -> TaskUser | None:
     """The user this worker's tasks run as; None means the worker's own user.
 
     ``name`` is ``--task-user``: None for the default (:data:`DEFAULT_NAME` when the
-    worker is root, else the worker's user), ``""`` for the worker's own user.
+    worker is root, else the worker's user), ``""`` for the worker's own user. With
+    ``check`` False the caller makes sure the user can run this Python (the worker:
+    its prestarted runner is the proof, else :func:`check_reachable`).
 
     Raises
     ------
@@ -80,7 +82,8 @@ def resolve(name: str | None) -> TaskUser | None:
     user = ensure(name or DEFAULT_NAME)
     if user.uid == 0:
         return None  # --task-user root: the worker's own user
-    check_reachable(user)
+    if check:
+        check_reachable(user)
     return user
 
 

@@ -206,3 +206,24 @@ def test_trims_that_overlap_close_each_surplus_runner_once(tmp_path):
 
     left, alive = asyncio.run(main())
     assert left == 0 and alive == [False, False, False]
+
+
+def test_the_prestart_says_whether_a_runner_came_up_and_why_not(tmp_path, caplog):
+    """What a worker whose tasks run as another user takes as its proof that the user
+    can run this Python: a runner that came up; else why it did not, kept for the
+    worker to explain (not logged as an error by the pool)."""
+
+    async def main(env):
+        pool = RunnerPool(env, max_idle=2, prestart=1)
+        try:
+            pool.start(quiet=True)
+            return await pool.prestarted(), pool.idle_count()
+        finally:
+            await pool.close()
+
+    assert asyncio.run(main(dict(os.environ))) == (None, 1)
+    broken = {**os.environ, "GPULAYER_PYTHON": str(tmp_path / "no-python")}
+    with caplog.at_level("INFO", logger="gpulayer.worker.functions"):
+        failed, idle = asyncio.run(main(broken))
+    assert isinstance(failed, OSError) and idle == 0
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
