@@ -13,13 +13,13 @@ from jupyter_server.extension.application import ExtensionApp
 
 from gpulayer.contracts import API_PREFIX
 
-from .service import GpulayerService, channel_routes, endpoint_of, outer_routes, routes
+from .service import EXTENSION_NAME, GpulayerService, endpoint_of, route_table
 
 
 class GpulayerApp(GpulayerService, ExtensionApp):
     """The gpulayer control plane, loaded by a Jupyter server."""
 
-    name = "gpulayer"
+    name = EXTENSION_NAME
     description = "gpulayer control plane: schedules notebook work onto GPU workers"
     extension_url = f"{API_PREFIX}/health"
     load_other_extensions = False
@@ -29,14 +29,8 @@ class GpulayerApp(GpulayerService, ExtensionApp):
         self.prepare_plane(self.settings)
 
     def initialize_handlers(self) -> None:
-        """Mount the route tables under the API prefix."""
-        prefix = API_PREFIX.lstrip("/")
-        for path, handler in routes():
-            self.handlers.append((rf"/{prefix}/{path}/?", handler))
-        for path, channel in channel_routes():
-            self.handlers.append((rf"/{prefix}/{path}/?", channel))
-        for path, handler in outer_routes():
-            self.handlers.append((rf"/{self.name}/{path}/?", handler))
+        """Mount the route table (the server puts its base URL in front)."""
+        self.handlers.extend(route_table())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Open the store, recover state and start the lease sweep."""

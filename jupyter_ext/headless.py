@@ -36,17 +36,13 @@ from tornado.netutil import bind_sockets
 from traitlets import Bool, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, Config, Configurable
 
-from gpulayer.contracts import API_PREFIX
-
-from .service import GpulayerService, channel_routes, endpoint_of, outer_routes, routes
+from .service import EXTENSION_NAME, GpulayerService, endpoint_of, route_table
 
 #: The Jupyter config files whose ``c.GpulayerApp.*`` (and ``c.ServerApp.*`` options
 #: below) a headless control plane reads, as the extension inside a Jupyter server does.
 CONFIG_FILES = ("jupyter_server_config", "jupyter_gpulayer_config")
 #: Where a Jupyter server's options are (``--ServerApp.port=...``).
 SERVER_SECTION = "ServerApp"
-#: The extension's name: its routes outside the API live under ``<base_url>gpulayer/``.
-EXTENSION_NAME = "gpulayer"
 MIB = 1024 * 1024
 
 
@@ -114,17 +110,15 @@ class ServerOptions(Configurable):
 
 
 def handlers(base_url: str) -> list[tuple[str, type[web.RequestHandler], dict[str, Any]]]:
-    """The extension's route table under ``base_url``, as a Jupyter server mounts it."""
+    """The route table under ``base_url``, as a Jupyter server mounts it."""
     prefix = base_url.rstrip("/")
-    api = API_PREFIX.strip("/")
-    table: list[tuple[str, type[web.RequestHandler]]] = [
-        *[(rf"{prefix}/{api}/{path}/?", h) for path, h in routes()],
-        *[(rf"{prefix}/{api}/{path}/?", h) for path, h in channel_routes()],
-        *[(rf"{prefix}/{EXTENSION_NAME}/{path}/?", h) for path, h in outer_routes()],
-    ]
     return [
-        (pattern, h, {"name": EXTENSION_NAME} if issubclass(h, ExtensionHandlerMixin) else {})
-        for pattern, h in table
+        (
+            prefix + pattern,
+            h,
+            {"name": EXTENSION_NAME} if issubclass(h, ExtensionHandlerMixin) else {},
+        )
+        for pattern, h in route_table()
     ]
 
 

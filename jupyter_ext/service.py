@@ -25,6 +25,7 @@ from traitlets.config import LoggingConfigurable
 
 from gpulayer import paths
 from gpulayer.contracts import (
+    API_PREFIX,
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_LEASE_SECONDS,
     ProviderConfigError,
@@ -50,6 +51,8 @@ from .streams import Notifier
 
 log = logging.getLogger("gpulayer")
 
+#: The extension's name (a Jupyter server's, for its settings and outer routes).
+EXTENSION_NAME = "gpulayer"
 #: The configuration section both hosts read: ``c.GpulayerApp.*``, ``--GpulayerApp.*``.
 CONFIG_SECTION = "GpulayerApp"
 
@@ -72,6 +75,17 @@ def channel_routes() -> list[tuple[str, type[ChannelHandler]]]:
 def outer_routes() -> list[tuple[str, type[GpulayerAPIHandler]]]:
     """Routes beside the API (paths relative to ``<base_url>gpulayer/``)."""
     return api.OUTER_ROUTES
+
+
+def route_table() -> list[tuple[str, type[GpulayerAPIHandler] | type[ChannelHandler]]]:
+    """Every route, as the pattern its host mounts under its base URL: the API's and
+    the channel's under the API prefix, the others under ``gpulayer/``."""
+    prefix = API_PREFIX.strip("/")
+    table: list[tuple[str, type[GpulayerAPIHandler] | type[ChannelHandler]]] = []
+    table += [(rf"/{prefix}/{path}/?", h) for path, h in routes()]
+    table += [(rf"/{prefix}/{path}/?", h) for path, h in channel_routes()]
+    table += [(rf"/{EXTENSION_NAME}/{path}/?", h) for path, h in outer_routes()]
+    return table
 
 
 class GpulayerService(LoggingConfigurable):

@@ -215,12 +215,12 @@ class Agent:
             await asyncio.to_thread(task_user.check_reachable, user)
         if join_token is not None:
             self._uplink.join_token = await join_token
-        if proof:
-            await self._prove_task_user()
+        if user is not None and proof:
+            await self._prove_task_user(user)
         await self._first_registration()
         release_gc()  # held by `gpulayer join` through its start (ADR 0147)
         log.info("distributed jobs: %s", network.describe(self.network))
-        if (user := spawning.task_user()) is not None:
+        if user is not None:
             log.info("tasks run as %s (uid %d) in %s", user.name, user.uid, self.tasks_root)
         await asyncio.gather(
             self._tighten(), self._heartbeat_loop(), self._acquire_loop(), self._lease_loop()
@@ -253,7 +253,7 @@ class Agent:
 
     # ---------------------------------------------------------- registration
 
-    async def _prove_task_user(self) -> None:
+    async def _prove_task_user(self, user: task_user.TaskUser) -> None:
         """Wait for the prestarted runner: it runs as the task user, so its coming up
         proves that user can run this Python and gpulayer (no probe process of its
         own, ADR 0158). When it fails, the probe says why: the one-line
@@ -261,8 +261,6 @@ class Agent:
         failed = await self._runners.prestarted()
         if failed is None:
             return
-        user = spawning.task_user()
-        assert user is not None
         await asyncio.to_thread(task_user.check_reachable, user)  # raises: why
         log.warning("the prestarted function runner could not start: %s", failed)
 

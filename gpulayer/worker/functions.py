@@ -355,7 +355,7 @@ class RunnerPool:
     _busy: set[Runner] = field(default_factory=set)
     _closed: bool = False
     _spares: set[asyncio.Task[None]] = field(default_factory=set)
-    _prestart_errors: list[BaseException] = field(default_factory=list)
+    _prestart_error: BaseException | None = None  # the first quiet prestart's failure
 
     PLAIN: Key = (None, (), (), None)
 
@@ -376,9 +376,7 @@ class RunnerPool:
             await asyncio.wait(starting)
         for runner in self._idle.get(self.PLAIN, ()):
             runner.quiet = False
-        if self.idle_count(self.PLAIN) or not self._prestart_errors:
-            return None
-        return self._prestart_errors[0]
+        return None if self.idle_count(self.PLAIN) else self._prestart_error
 
     def env_for(self, key: Key) -> dict[str, str]:
         """A runner's environment: the base, the job's env, the GPU reservation, its
@@ -466,7 +464,7 @@ class RunnerPool:
                     log.exception("could not start a spare runner")
                     return
                 log.debug("could not start a prestarted runner: %s", e)
-                self._prestart_errors.append(e)
+                self._prestart_error = self._prestart_error or e
                 return
             finally:
                 self._starting[key] -= 1
