@@ -23,10 +23,12 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
+from websockets.utils import accept_key
 
 import gpulayer as gl
 from gpulayer import contracts
 from gpulayer.client import Connection
+from gpulayer.client import channel as client_channel
 from gpulayer.client.cells import ensure_session
 from gpulayer.client.cells import submit as submit_cell
 from tests.support import until
@@ -320,7 +322,85 @@ def _drop(conn: Connection) -> None:
     channel = conn._channel  # the test plays the network: no public way to break a socket
     assert channel is not None
     with contextlib.suppress(OSError):
-        channel._ws.socket.shutdown(socket.SHUT_RDWR)
+        channel._sock.shutdown(socket.SHUT_RDWR)
+
+
+# ------------------------------------------------------------------ keepalive
+
+
+def test_an_idle_clients_channel_answers_the_control_planes_pings_and_stays_open(
+    fresh_cluster, monkeypatch
+):
+    """Nobody reads the socket between calls (the caller reads its own answer, ADR
+    0159): the keeper answers the control plane's pings, which closes a channel whose
+    pong does not come within its ping interval."""
+    monkeypatch.setattr(client_channel, "KEEP_SECONDS", 0.05)
+    c = fresh_cluster(workers=1, slots=1, server_args=["--GpulayerApp.channel_ping_seconds=0.2"])
+    with c.connection() as conn:
+        one = gl.remote(lambda x: x + 1, connection=conn)
+        assert one.run(1) == 2
+        channel = conn._channel
+        assert channel is not None and not channel.closed
+        heard = channel._heard
+        # Idle for ten ping intervals: pings come and are answered.
+        until(lambda: channel._heard > heard + 2.0, 30, "pings over two idle seconds")
+        assert not channel.closed
+        assert one.run(2) == 3
+        assert conn._channel is channel  # the same channel, never reopened
+
+
+def test_a_close_sent_while_nobody_read_is_seen_before_the_next_call(fresh_cluster):
+    """A control plane restarted between two calls closed the channel while nobody
+    read it: the next call (one that is never repeated on its own) sees that before
+    it is sent, and goes over a new channel."""
+    c = fresh_cluster(workers=1, slots=1)
+    with c.connection() as conn:
+        job = gl.submit("true", connection=conn)
+        assert conn.wait(job.id, timeout=60).state == "succeeded"
+        old = conn._channel
+        assert old is not None and not old._closed
+        c.restart_control_plane()  # SIGTERM: it closes its channels (1001), then stops
+        assert conn.job(job.id).state == "succeeded"  # a plain read: not retried on a drop
+        assert old.closed and conn._channel is not old and conn.channel_open
+
+
+def test_a_control_plane_that_goes_silent_is_noticed_while_nobody_calls(monkeypatch):
+    """The keeper pings a channel that has been silent for ``PING_SECONDS`` and
+    gives it up when nothing comes back for as long again."""
+    monkeypatch.setattr(client_channel, "KEEP_SECONDS", 0.05)
+    monkeypatch.setattr(client_channel, "PING_SECONDS", 0.3)
+    server = socket.create_server(("127.0.0.1", 0))
+    received = bytearray()
+
+    def accept_then_go_silent() -> None:
+        peer, _ = server.accept()
+        with peer:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += peer.recv(4096)
+            key = next(line.split(b":", 1)[1].strip().decode()
+                       for line in request.split(b"\r\n")
+                       if line.lower().startswith(b"sec-websocket-key"))  # fmt: skip
+            peer.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                         b"Connection: Upgrade\r\nSec-WebSocket-Accept: "
+                         + accept_key(key).encode() + b"\r\n\r\n")  # fmt: skip
+            peer.settimeout(30)
+            with contextlib.suppress(OSError):
+                while data := peer.recv(4096):  # read, never answer
+                    received.extend(data)
+
+    threading.Thread(target=accept_then_go_silent, daemon=True).start()
+    api = f"http://127.0.0.1:{server.getsockname()[1]}/gpulayer/api"
+    channel = client_channel.Channel.open(api, "gl_test", tls=False, timeout=10)
+    try:
+        assert not channel.closed
+        until(lambda: channel.closed, 30, "the silent channel to be given up")
+        assert received[:1] == b"\x89"  # its first frame was a ping (FIN + opcode 9)
+        with pytest.raises(client_channel.ChannelClosed, match="did not answer a ping"):
+            channel.call(contracts.ChannelCall(id=0, method="GET", path="jobs/x"), 5)
+    finally:
+        channel.close()
+        server.close()
 
 
 # ------------------------------------------------------------------- fallback

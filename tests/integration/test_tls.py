@@ -42,6 +42,7 @@ def test_join_and_connect_succeed_with_the_right_pin(tls_cluster, tmp_path):
         job = gl.submit(["cat", "data.txt"], workdir=tmp_path, connection=conn).wait(timeout=30)
         assert job.state == "succeeded", job.info.reason
         assert job.logs()[-1] == "shipped over TLS"
+        assert conn.channel_open  # the wait went over the channel: wss:// with the pin
     # the same pin in other spellings (upper case, colons) is the same pin
     hexpin = tls_cluster.fingerprint.removeprefix("sha256:").upper()
     colons = ":".join(hexpin[i : i + 2] for i in range(0, 64, 2))
@@ -157,6 +158,8 @@ def test_a_ca_signed_certificate_works_without_a_pin(tmp_path, monkeypatch):
         assert c.url.startswith("https://") and c.fingerprint is None
         with Connection(c.url, c.admin_token) as conn:
             assert conn.health().workers_ready == 1
+            assert gl.submit("true", connection=conn).wait(timeout=60).state == "succeeded"
+            assert conn.channel_open  # wss:// checked against the CA bundle
 
 
 def test_gpulayer_up_off_loopback_is_tls_on_and_prints_the_pin(tmp_path):
