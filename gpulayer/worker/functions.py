@@ -207,8 +207,9 @@ class Runner:
         try:
             request = ("call", call_id, data, dict(env), str(cwd), list(skip), on_part is not None)
             frame = pickle.dumps(request, protocol=5)
-            self.proc.stdin.write(len(frame).to_bytes(_LEN_BYTES, "big"))
-            self.proc.stdin.write(frame)
+            # One write: a length first on its own wakes the runner for 8 bytes, and
+            # it sleeps again until the rest comes (two wake-ups per call).
+            self.proc.stdin.write(len(frame).to_bytes(_LEN_BYTES, "big") + frame)
             try:
                 await self.proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
