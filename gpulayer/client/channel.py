@@ -73,6 +73,7 @@ class Channel:
     def __init__(
         self, sock: socket.socket, protocol: ClientProtocol, early: Sequence[object]
     ) -> None:
+        self._stop = threading.Event()  # ends the keeper
         self._sock = sock
         self._protocol = protocol
         self._io = threading.Lock()  # the protocol's state and writes to the socket
@@ -89,7 +90,6 @@ class Channel:
         self._parts: list[bytes] = []
         self._heard = time.monotonic()
         self._take(early)
-        self._stop = threading.Event()
         keeper = threading.Thread(
             target=_keep, args=(weakref.ref(self), self._stop), name="gpulayer-channel", daemon=True
         )
