@@ -119,6 +119,7 @@ class Agent:
         # what a loose umask left readable inside is tightened once it has registered.
         private_dir(self.data_dir)
         self.tasks_root = make_tasks_root(self.name)  # outside the data dir
+        spawning.remove_when_gone(self.tasks_root)  # by the supervisor, after a kill -9
         self.devices = devices.discover()
         self.network = self._network()
         self._gpu_telemetry = GpuTelemetry(self.devices)

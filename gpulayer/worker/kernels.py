@@ -32,7 +32,7 @@ from typing import Any
 from gpulayer import contracts as c
 from gpulayer.worker.environments import interpreter
 from gpulayer.worker.runs import Run
-from gpulayer.worker.spawning import child_options, task_user
+from gpulayer.worker.spawning import child_options, remove_when_gone, task_user
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Kernel:
         self.cwd = cwd
         self.lock = asyncio.Lock()  # one execution at a time: one iopub reader
         self._dir = Path(tempfile.mkdtemp(prefix="glk-"))  # short: ipc paths are limited
+        remove_when_gone(self._dir)  # left by a worker killed with SIGKILL
         self._km: Any = None
         self._kc: Any = None
 

@@ -102,6 +102,16 @@ _fence_fd: int | None = None
 _task_user: TaskUser | None = None
 
 
+def remove_when_gone(folder: Path) -> None:
+    """Have the running fence's supervisor remove ``folder`` (an absolute path) once
+    this process is gone, however it ends; nothing without a fence."""
+    text = str(folder)
+    if _fence_fd is None or "\n" in text or not folder.is_absolute():
+        return
+    with contextlib.suppress(OSError):  # a full pipe or a dead supervisor: left behind
+        os.write(_fence_fd, b"clean " + os.fsencode(text) + b"\n")
+
+
 def use_task_user(user: TaskUser | None) -> None:
     """Run user code as ``user`` from now on (None: as this process's user)."""
     global _task_user

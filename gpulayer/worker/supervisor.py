@@ -7,6 +7,8 @@ own, with the read end of the fence's pipe as stdin. Lines on the pipe::
     pid N      a process that runs user code started; its process group is N
     until T    the agent's lease holds until T (``time.monotonic()``)
     stop       kill every task process now
+    clean P    a folder of the agent's (its tasks root, a kernel's connection
+               files): removed once the agent is gone
 
 It kills (SIGKILL) the recorded process groups and every process whose
 environment carries ``GPULAYER_FENCE=FENCE_ID`` (descendants that left their
@@ -18,6 +20,11 @@ group too):
   from the control plane, which will soon hand its tasks to another worker;
 * on ``stop``.
 
+At end of file, once the tasks are dead, it removes the folders it was given with
+``clean``: an agent killed with SIGKILL (or by a closed terminal's SIGHUP) leaves no
+task folders behind in the temp dir. An agent that stops on its own removes them
+itself first.
+
 It reads ``/proc`` (Linux) and imports only the standard library, so it starts
 in tens of milliseconds and stays small.
 """
@@ -25,6 +32,7 @@ in tens of milliseconds and stays small.
 import contextlib
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -42,6 +50,7 @@ class Supervisor:
         self.spared = {os.getpid(), agent_pid}
         self.groups: set[int] = set()
         self.deadline: float | None = None
+        self.folders: list[str] = []  # to remove once the agent is gone
         self._partial = b""
 
     def feed(self, data: bytes) -> None:
@@ -57,6 +66,8 @@ class Supervisor:
                     self.deadline = float(arg)
                 elif what == "stop":
                     self.kill_all("the agent asked")
+                elif what == "clean" and os.path.isabs(arg):
+                    self.folders.append(arg)
             except ValueError:
                 _say(f"ignoring a malformed line: {line!r}")
 
@@ -71,6 +82,7 @@ class Supervisor:
                 data = os.read(fd, 65536)
                 if not data:
                     self.kill_all("the agent is gone")
+                    self.clean()
                     return
                 self.feed(data)
             now = time.monotonic()
@@ -103,6 +115,13 @@ class Supervisor:
         if killed:
             _say(f"{why}: killed {len(killed)} task process(es)")
         return len(killed)
+
+    def clean(self) -> None:
+        """Remove the agent's folders (what its tasks left in them included)."""
+        for folder in self.folders:
+            if os.path.lexists(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+                _say(f"the agent is gone: removed {folder}")
 
     def targets(self) -> set[int]:
         """Live processes in a recorded group or carrying the fence's mark."""

@@ -59,6 +59,8 @@ folder = sys.argv[1]
 sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
 left = subprocess.Popen(sleeper, start_new_session=True)
 stayed = subprocess.Popen(sleeper)
+with open(os.path.join(folder, "cwd"), "w") as f:
+    f.write(os.getcwd())
 with open(os.path.join(folder, "pid-tree"), "w") as f:
     f.write(f"{os.getpid()} {left.pid} {stayed.pid}")
 while True:
@@ -79,16 +81,20 @@ def plane(tmp_path_factory):
         yield c
 
 
-def test_kill_9_of_the_agent_takes_a_command_and_its_escaped_children(plane, tmp_path):
+def test_kill_9_of_the_agent_takes_a_command_and_its_escaped_children_and_folders(plane, tmp_path):
     agent = plane.add_worker("cmd-1", slots=2)
     with plane.connection() as conn:
         gl.submit([PY, "-c", TREE, str(tmp_path)], worker="cmd-1", connection=conn)
         pids = pids_in(tmp_path, 3)
+        tasks_root = Path((tmp_path / "cwd").read_text()).parent.parent  # <root>/<task>/work
+        assert tasks_root.name.startswith("gpulayer-tasks-cmd-1-") and tasks_root.is_dir()
         kill_agent(agent)
         all_gone(pids)
         beat = (tmp_path / "beat").read_text()
         time.sleep(0.3)  # a live task would have beaten three times by now
         assert (tmp_path / "beat").read_text() == beat
+        # The agent could not clean up after itself: its supervisor did.
+        until(lambda: not tasks_root.exists(), GONE_WITHIN_SECONDS, "the task folders removed")
 
 
 def test_kill_9_of_the_agent_takes_a_function_call_and_its_warm_runners(plane, tmp_path):
@@ -126,8 +132,12 @@ def test_kill_9_of_the_agent_takes_a_session_kernel_and_its_cell(plane, tmp_path
         cells.ensure_session(conn, "fenced", worker="cell-1")
         cells.submit(conn, source, session="fenced")
         pids = pids_in(tmp_path, 2)
+        [connection_file] = [a for a in psutil.Process(pids[0]).cmdline() if a.endswith(".json")]
+        kernel_dir = Path(connection_file).parent  # the kernel's connection files
+        assert kernel_dir.name.startswith("glk-")
         kill_agent(agent)
         all_gone(pids)
+        until(lambda: not kernel_dir.exists(), GONE_WITHIN_SECONDS, "the kernel's folder removed")
 
 
 @pytest.mark.parametrize("launcher", ["direct", "torchrun"])

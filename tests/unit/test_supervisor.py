@@ -109,3 +109,23 @@ def test_child_options_make_a_child_die_with_its_parent(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_agents_folders_are_removed_once_it_is_gone_and_not_before(supervisor, tmp_path):
+    w, proc, mark, started = supervisor
+    folders = [tmp_path / "tasks-root", tmp_path / "glk-x"]
+    for folder in folders:
+        (folder / "task" / "work").mkdir(parents=True)
+        (folder / "task" / "work" / "checkpoint.pt").write_bytes(b"x" * 1000)
+        os.write(w, f"clean {folder}\n".encode())
+    os.write(w, b"clean relative/path\n")  # not an absolute path: ignored
+    kept = tmp_path / "not-named"
+    kept.mkdir()
+    marked = start(started, mark)
+    os.write(w, b"stop\n")  # kills the tasks; the agent lives on: its folders stay
+    until(lambda: not alive(marked.pid), 10, "the marked task killed")
+    assert all(folder.is_dir() for folder in folders)
+    os.close(w)  # the agent is gone
+    proc.wait(10)
+    assert not any(folder.exists() for folder in folders)
+    assert kept.is_dir()
