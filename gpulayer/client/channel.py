@@ -48,9 +48,10 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 PING_SECONDS = 20.0
 #: How often the keeper looks at a channel nobody reads.
 KEEP_SECONDS = 2.0
-#: A socket operation that makes no progress this long (a peer that stopped
-#: reading, half a TLS record) ends the channel.
-STALL_SECONDS = 30.0
+#: A send or a read of what ``poll`` said is there that takes longer than this (a
+#: peer that stopped reading our frames, half a TLS record that never completes)
+#: ends the channel. A client's frames are small (a larger payload goes as a blob).
+STALL_SECONDS = 60.0
 _RECV_BYTES = 256 * 1024
 
 
