@@ -21,10 +21,12 @@ gpulayer runs twice: over the live channel (the default, docs/channel.md) and
 over the HTTP long-poll fallback (``gpulayer-http``: ``GPULAYER_CHANNEL=http`` for
 the client and the workers).
 
-With ``--rounds N`` the systems run N times, one after the other in turn, and each
-figure is the median over the rounds: a call's time here changes 2x between
-spells of minutes, and one run per system can catch a peer in a fast spell and
-gpulayer in a slow one, or the reverse.
+With ``--rounds N`` the systems run N times, one after the other in turn (the
+order reversed every other round), and each figure is the median over the rounds:
+a call's time here changes 2x between spells of minutes, and one run per system
+can catch a peer in a fast spell and gpulayer in a slow one, or the reverse. The
+paired ratio under the table compares each round's p50 with Ray's of the same
+round, and takes the median of those ratios (as ``startup.py`` does for the start).
 
 It prints a table and writes ``benchmarks/results/functions.json`` and ``.md``;
 ratios against Ray are computed from the same run. Peers come from the
@@ -274,6 +276,42 @@ def _rounds_note(rounds: int) -> str:
     return f"; {rounds} rounds, the systems alternating, each figure the median of its rounds"
 
 
+def _paired(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per system, the median over rounds of its p50 / Ray's p50 in the same round,
+    and in how many rounds it was the faster."""
+    ray = runs.get("ray", [])
+    out = {}
+    for name, done in runs.items():
+        if name == "ray":
+            continue
+        ratios = [
+            mine["round_trip"]["p50_ms"] / theirs["round_trip"]["p50_ms"]
+            for mine, theirs in zip(done, ray, strict=False)
+            if "round_trip" in mine and "round_trip" in theirs
+        ]
+        if ratios:
+            out[name] = {
+                "p50_vs_ray": statistics.median(ratios),
+                "faster_rounds": sum(r < 1 for r in ratios),
+                "rounds": len(ratios),
+            }
+    return out
+
+
+def _paired_note(paired: dict[str, dict[str, Any]]) -> str:
+    if not paired:
+        return ""
+    parts = [
+        f"{name} {p['p50_vs_ray']:.2f}x (faster in {p['faster_rounds']} of {p['rounds']})"
+        for name, p in paired.items()
+    ]
+    return (
+        "\nPaired round trip p50 against Ray's in the same round (median): "
+        + "; ".join(parts)
+        + ".\n"
+    )
+
+
 def _table(results: dict[str, dict[str, Any]]) -> str:
     ray = results.get("ray", {})
     rows = ["| system | startup to first result (s) | round trip p50 / p90 / p99 (ms) |"
@@ -316,10 +354,12 @@ def main() -> None:
     compile_tree(ROOT)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.only.split(",")}
     for r in range(args.rounds):
-        for name, done in runs.items():
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for name in order:
             print(f"round {r + 1}: running {name} ...", file=sys.stderr, flush=True)
-            done.append(_run_system(name, args))
+            runs[name].append(_run_system(name, args))
     results = {name: _median_of(done) for name, done in runs.items()}
+    paired = _paired(runs) if args.rounds > 1 else {}
     table = _table(results)
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs,"
@@ -331,11 +371,11 @@ def main() -> None:
     }
     write_results(
         args.out,
-        {"meta": meta, "results": results},
+        {"meta": meta, "results": results, "paired": paired},
         f"# Remote functions vs peers\n\n{meta['machine']}, {meta['when']}; {args.calls} round"
         f" trips after {args.warmup} warm-up calls, a burst of {args.burst} calls"
         f"{_rounds_note(args.rounds)}.\n\n"
-        f"{table}\n",
+        f"{table}\n{_paired_note(paired)}",
     )
 
 
