@@ -152,11 +152,15 @@ class Channel:
         since (a restart) is known before a call is sent into it."""
         if self._closed is None and self._take_turn():
             try:
-                self._receive(0)
-                self._hand_out()
+                self._catch_up()
             finally:
                 self._end_turn()
         return self._closed is not None or self._protocol.state is not State.OPEN
+
+    def _catch_up(self) -> None:
+        """Read what waits on the socket without blocking and hand it out (the reader's)."""
+        self._receive(0)
+        self._hand_out()
 
     def _take_turn(self) -> bool:
         """Become the reader if nobody is (without waiting)."""
@@ -325,8 +329,7 @@ class Channel:
         if time.monotonic() - self._heard < KEEP_SECONDS or not self._take_turn():
             return True  # a caller reads (and answers pings) now, or just did
         try:
-            self._receive(0)
-            self._hand_out()
+            self._catch_up()
             silent = time.monotonic() - self._heard
             if silent > 2 * PING_SECONDS:
                 self._close(f"the control plane did not answer a ping for {PING_SECONDS:g}s")

@@ -32,7 +32,7 @@ from typing import Any
 from gpulayer import contracts as c
 from gpulayer.worker.environments import interpreter
 from gpulayer.worker.runs import Run
-from gpulayer.worker.spawning import child_options, remove_when_gone, task_user
+from gpulayer.worker.spawning import child_options, remove_when_gone, removed, task_user
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,7 @@ class Kernel:
                 await self._km.shutdown_kernel(now=True)
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
+            removed(self._dir)
 
 
 #: A session on a worker: ``(owner, name)``; two owners may each have a ``main``.

@@ -105,11 +105,21 @@ _task_user: TaskUser | None = None
 def remove_when_gone(folder: Path) -> None:
     """Have the running fence's supervisor remove ``folder`` (an absolute path) once
     this process is gone, however it ends; nothing without a fence."""
+    _tell_about(b"clean", folder)
+
+
+def removed(folder: Path) -> None:
+    """``folder``, given to :func:`remove_when_gone`, was removed here: the supervisor
+    forgets it (a later folder of the same name is not ours)."""
+    _tell_about(b"forget", folder)
+
+
+def _tell_about(verb: bytes, folder: Path) -> None:
     text = str(folder)
     if _fence_fd is None or "\n" in text or not folder.is_absolute():
         return
     with contextlib.suppress(OSError):  # a full pipe or a dead supervisor: left behind
-        os.write(_fence_fd, b"clean " + os.fsencode(text) + b"\n")
+        os.write(_fence_fd, verb + b" " + os.fsencode(text) + b"\n")
 
 
 def use_task_user(user: TaskUser | None) -> None:

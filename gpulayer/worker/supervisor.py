@@ -9,6 +9,7 @@ own, with the read end of the fence's pipe as stdin. Lines on the pipe::
     stop       kill every task process now
     clean P    a folder of the agent's (its tasks root, a kernel's connection
                files): removed once the agent is gone
+    forget P   the agent removed that folder itself
 
 It kills (SIGKILL) the recorded process groups and every process whose
 environment carries ``GPULAYER_FENCE=FENCE_ID`` (descendants that left their
@@ -50,7 +51,7 @@ class Supervisor:
         self.spared = {os.getpid(), agent_pid}
         self.groups: set[int] = set()
         self.deadline: float | None = None
-        self.folders: list[str] = []  # to remove once the agent is gone
+        self.folders: set[str] = set()  # to remove once the agent is gone
         self._partial = b""
 
     def feed(self, data: bytes) -> None:
@@ -67,7 +68,9 @@ class Supervisor:
                 elif what == "stop":
                     self.kill_all("the agent asked")
                 elif what == "clean" and os.path.isabs(arg):
-                    self.folders.append(arg)
+                    self.folders.add(arg)
+                elif what == "forget":
+                    self.folders.discard(arg)
             except ValueError:
                 _say(f"ignoring a malformed line: {line!r}")
 
@@ -118,7 +121,7 @@ class Supervisor:
 
     def clean(self) -> None:
         """Remove the agent's folders (what its tasks left in them included)."""
-        for folder in self.folders:
+        for folder in sorted(self.folders):
             if os.path.lexists(folder):
                 shutil.rmtree(folder, ignore_errors=True)
                 _say(f"the agent is gone: removed {folder}")

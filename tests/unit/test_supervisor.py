@@ -121,6 +121,10 @@ def test_the_agents_folders_are_removed_once_it_is_gone_and_not_before(superviso
     os.write(w, b"clean relative/path\n")  # not an absolute path: ignored
     kept = tmp_path / "not-named"
     kept.mkdir()
+    # A folder the agent removed itself, whose name someone else took since: not ours.
+    reused = tmp_path / "glk-reused"
+    reused.mkdir()
+    os.write(w, f"clean {reused}\nforget {reused}\n".encode())
     marked = start(started, mark)
     os.write(w, b"stop\n")  # kills the tasks; the agent lives on: its folders stay
     until(lambda: not alive(marked.pid), 10, "the marked task killed")
@@ -128,4 +132,4 @@ def test_the_agents_folders_are_removed_once_it_is_gone_and_not_before(superviso
     os.close(w)  # the agent is gone
     proc.wait(10)
     assert not any(folder.exists() for folder in folders)
-    assert kept.is_dir()
+    assert kept.is_dir() and reused.is_dir()
