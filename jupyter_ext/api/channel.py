@@ -36,7 +36,12 @@ from typing import Any
 import pydantic
 from tornado import web
 from tornado.iostream import IOStream
-from tornado.websocket import WebSocketClosedError, WebSocketHandler
+from tornado.websocket import (
+    WebSocketClosedError,
+    WebSocketHandler,
+    WebSocketProtocol,
+    WebSocketProtocol13,
+)
 
 from gpulayer.contracts import (
     CLOSE_RESYNC,
@@ -64,6 +69,36 @@ CLOSE_DEADLINE_SECONDS = 2.0
 #: SO_LINGER on, zero seconds: closing the socket resets the connection and drops
 #: what the kernel still holds for the peer.
 _RESET = struct.pack("ii", 1, 0)
+
+
+#: The most a channel takes from its socket's buffer in one read.
+_CHUNK_BYTES = 65536
+
+
+class _ChunkedFrames(WebSocketProtocol13):
+    """Tornado's protocol, taking frames out of whole reads of the socket.
+
+    Tornado reads a frame in three or four exact reads (header, length, mask,
+    payload). After the first, the rest of the frame sits in the stream's buffer
+    with no read pending, and the stream takes its socket off the event loop until
+    the next read asks for it again: two ``epoll_ctl`` calls and their bookkeeping
+    per frame. Reading whatever has arrived (``partial``) empties the stream's
+    buffer each time, so the socket stays registered (docs/adr/0160). Only
+    ``_read_bytes`` changes; the framing, limits and close handling are tornado's.
+    """
+
+    _pending: bytearray | None = None
+
+    async def _read_bytes(self, n: int) -> bytes:
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = bytearray()
+        while len(pending) < n:
+            pending += await self.stream.read_bytes(_CHUNK_BYTES, partial=True)
+        data = bytes(pending[:n])
+        del pending[:n]
+        self._wire_bytes_in += n
+        return data
 
 
 class ChannelHandler(WebSocketHandler):
@@ -147,6 +182,13 @@ class ChannelHandler(WebSocketHandler):
         self.finish(body.model_dump_json())
 
     # ------------------------------------------------------------- settings
+
+    def get_websocket_protocol(self) -> WebSocketProtocol | None:
+        """Tornado's protocol with :class:`_ChunkedFrames`' reads."""
+        protocol = super().get_websocket_protocol()
+        if isinstance(protocol, WebSocketProtocol13):
+            protocol.__class__ = _ChunkedFrames
+        return protocol
 
     @property
     def max_message_size(self) -> int:

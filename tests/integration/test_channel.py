@@ -21,8 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Opcode
+from websockets.protocol import State
 from websockets.sync.client import connect
+from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 import gpulayer as gl
@@ -229,6 +233,78 @@ def test_an_oversized_frame_closes_only_that_channel(cluster, conn):
     with _open(cluster, "channel", cluster.admin_token) as fine:
         assert _call(fine, 7, "GET", "jobs/nope").status == 404
     assert conn.health().status == "ok"
+
+
+def _raw_channel(cluster) -> tuple[socket.socket, ClientProtocol]:
+    """An open client channel whose bytes the test writes itself."""
+    uri = parse_uri(_ws(cluster, "channel"))
+    protocol = ClientProtocol(uri, max_size=None)
+    request = protocol.connect()
+    request.headers["Authorization"] = f"Bearer {cluster.admin_token}"
+    protocol.send_request(request)
+    sock = socket.create_connection((uri.host, uri.port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"".join(protocol.data_to_send()))
+    while protocol.state is not State.OPEN:
+        protocol.receive_data(sock.recv(65536))
+        assert protocol.state is not State.CLOSED, protocol.handshake_exc
+    protocol.events_received()  # the handshake's response
+    return sock, protocol
+
+
+def _frames_of(protocol: ClientProtocol, send) -> bytes:
+    send(protocol)
+    return b"".join(protocol.data_to_send())
+
+
+def _read_until(sock, protocol, answers: dict[int, int], pongs: list[bytes], ids, n_pongs=0):
+    while not (set(ids) <= answers.keys() and len(pongs) >= n_pongs):
+        data = sock.recv(65536)
+        assert data, "the control plane closed the channel"
+        protocol.receive_data(data)
+        for event in protocol.events_received():
+            if event.opcode is Opcode.PONG:
+                pongs.append(event.data)
+            elif event.opcode is Opcode.TEXT:
+                answer = contracts.ChannelAnswer.model_validate_json(event.data)
+                answers[answer.id] = answer.status
+
+
+def test_frames_are_taken_however_the_bytes_arrive(cluster):
+    """Frames packed into one write, a message in fragments with a ping between
+    them, a frame larger than one read of the socket, and frames that arrive a
+    byte at a time: every call is answered and every ping ponged (the control
+    plane takes frames out of whole reads of its socket, docs/adr/0160)."""
+
+    def call(id_: int, pad: int = 0) -> bytes:
+        text = contracts.ChannelCall(id=id_, method="GET", path="jobs/nope").model_dump_json()
+        return (text[:-1] + " " * pad + "}").encode()
+
+    sock, protocol = _raw_channel(cluster)
+    with sock:
+        big = call(3, pad=300_000)  # several reads of the socket
+        third = len(call(2)) // 3
+        packed = _frames_of(protocol, lambda p: (
+            p.send_text(call(1)),
+            p.send_ping(b"one"),
+            p.send_text(call(2)[:third], fin=False),
+            p.send_ping(b"two"),  # a control frame between fragments
+            p.send_continuation(call(2)[third:2 * third], fin=False),
+            p.send_continuation(call(2)[2 * third:], fin=True),
+            p.send_text(big),
+            p.send_text(call(4)),
+        ))  # fmt: skip
+        sock.sendall(packed)
+        answers: dict[int, int] = {}
+        pongs: list[bytes] = []
+        _read_until(sock, protocol, answers, pongs, {1, 2, 3, 4}, n_pongs=2)
+        assert answers == {1: 404, 2: 404, 3: 404, 4: 404}
+        assert pongs == [b"one", b"two"]
+        trickled = _frames_of(protocol, lambda p: (p.send_text(call(5)), p.send_text(call(6))))
+        for i in range(len(trickled)):
+            sock.sendall(trickled[i : i + 1])
+        _read_until(sock, protocol, answers, pongs, {5, 6})
+        assert answers[5] == answers[6] == 404
 
 
 def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
