@@ -33,8 +33,10 @@ attached). The KernelManager then talks to those sockets as to a local kernel.
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
+import stat
 import tempfile
 import uuid
 from typing import Any
@@ -62,6 +64,58 @@ _QUEUE_MARGIN_SECONDS = 30.0
 _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 #: The largest frame taken from the control plane.
 _MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+#: The prefix of a provisioner's socket folder in the temporary folder, its maker's
+#: pid after it (a worker's kernel folders, ``glk-`` and random letters, are not
+#: named so, nor removed here).
+_IPC_PREFIX = "glk-"
+_IPC_NAME = re.compile(r"glk-(\d+)-[^-/]+")
+
+
+def _ipc_folder() -> str:
+    """A new 0700 folder for a kernel's local sockets, named after this process,
+    after removing those of this user's Jupyter servers that died without their
+    cleanup (killed): nothing else removes them."""
+    remove_orphaned_ipc_folders(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{_IPC_PREFIX}{os.getpid()}-")
+
+
+def remove_orphaned_ipc_folders(root: str) -> list[str]:
+    """Remove the socket folders in ``root`` that this user's processes made and
+    that outlived them; the names removed.
+
+    Only a folder named ``glk-PID-...`` (a real folder, not a link, owned by this
+    user) whose process no longer exists is removed: one whose pid was taken by
+    another process since stays (a leftover, never a live kernel's sockets).
+    """
+    removed = []
+    me = os.getuid()
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            m = _IPC_NAME.fullmatch(entry.name)
+            if m is None:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or _alive(int(m[1])):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's; or no pid at all
+        return True
+    return True
 
 
 class KernelStartFailed(RuntimeError):
@@ -221,7 +275,7 @@ class GpulayerProvisioner(KernelProvisionerBase):
             raise
         km: Any = self.parent
         if self._ipc_dir is None:  # only this user may reach the sockets (ADR 0125)
-            self._ipc_dir = tempfile.mkdtemp(prefix="glk-")
+            self._ipc_dir = await asyncio.to_thread(_ipc_folder)
         proxy = ProxyEnd(km.session.key, ws.send, scheme=km.session.signature_scheme,
                          transport="ipc", ip=os.path.join(self._ipc_dir, "kernel"))  # fmt: skip
         kept = {f"{n}_port": getattr(km, f"{n}_port", 0) for n in _CHANNELS}
