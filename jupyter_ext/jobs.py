@@ -137,12 +137,13 @@ class Jobs:
         Conflict
             When ``key`` was used for different specs (``field``: ``Idempotency-Key``).
         """
-        digest = _digest(specs) if key is not None else ""
+        dumped = [spec.model_dump_json() for spec in specs]  # stored, and the key's digest
+        digest = _digest(dumped) if key is not None else ""
         if key is not None:
             await self._prune()
         try:
             ids: list[str] = []
-            jobs = await self._store(specs, owner, viewer, key, digest, answer, ids)
+            jobs = await self._store(specs, dumped, owner, viewer, key, digest, answer, ids)
             return Submitted(jobs, job_ids=tuple(ids))
         except GpulayerError:
             # The key is not read first (each read is time a waiting caller waits):
@@ -189,6 +190,7 @@ class Jobs:
     async def _store(
         self,
         specs: Sequence[JobSpec],
+        dumped: Sequence[str],
         owner: str,
         viewer: Principal | None,
         key: str | None,
@@ -197,7 +199,8 @@ class Jobs:
         stored: list[str] | None = None,
     ) -> list[Job]:
         """Check, store (with the key, in the same transaction) and place new jobs;
-        the jobs as stored and placed (none unless ``answer``)."""
+        the jobs as stored and placed (none unless ``answer``). ``dumped``: the specs'
+        JSON, as stored."""
         core = self._core
         await self._check_queue_quota(owner, len(specs))
         for spec in specs:
@@ -213,7 +216,6 @@ class Jobs:
         keyed: list[Statement] = []
         if key is not None:
             keyed = insert_idempotency_key(owner, key, digest, ids, now, self._key_horizon())
-        dumped = [spec.model_dump_json() for spec in specs]
         placed = False
         if len(specs) == 1:  # placed (and started) in the same transaction when it can be
             placed = await self._store_placed(
@@ -665,10 +667,10 @@ def _attach(job: Job, row: ResultRecord | None) -> None:
         job.result = row.inline
 
 
-def _digest(specs: Sequence[JobSpec]) -> str:
-    """What a repeat of a submit must match: the specs as parsed, in order."""
+def _digest(dumped: Sequence[str]) -> str:
+    """What a repeat of a submit must match: the specs as parsed (their JSON), in order."""
     h = hashlib.sha256()
-    for spec in specs:
-        h.update(spec.model_dump_json().encode())
+    for spec_json in dumped:
+        h.update(spec_json.encode())
         h.update(b"\n")
     return h.hexdigest()

@@ -23,6 +23,7 @@ from jupyter_ext.api.bodies import decode_json
         (b'{"command": ["true"], "priority": -9223372036854775809}', "priority"),
         (b'{"command": ["true"], "priority": "9223372036854775808"}', "priority"),
         (b'{"command": ["true"], "priority": "9_223_372_036_854_775_808"}', "priority"),
+        (b'{"command": ["true"], "priority": 1e19}', "priority"),  # pydantic refuses it
     ],
 )  # fmt: skip
 def test_an_unstorable_value_is_refused_naming_its_field(body, field):
@@ -40,3 +41,23 @@ def test_ordinary_bodies_parse_as_before():
         assert decode_json(body, JobSpec).model_dump(include={"command", "env", "priority"}) == spec
     done = decode_json(b'{"state": "succeeded", "exit_code": 0, "result": "LQ=="}', TaskCompletion)
     assert done.result == b"-"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'"9223372036854775808"',
+        b'"+9_2_2_3_3_7_2_0_3_6_8_5_4_7_7_5_8_0_8"',  # digits apart: "_" counts as one
+        b'" 9223372036854775808.0 "',
+        b"-9223372036854775809",
+    ],
+)
+def test_an_unbounded_integer_read_from_text_is_refused(value):
+    """An integer field without bounds of its own (``exit_code``): pydantic reads
+    these as integers past 64 bits, which the store cannot keep."""
+    with pytest.raises(ValidationError) as e:
+        decode_json(b'{"state": "failed", "exit_code": ' + value + b"}", TaskCompletion)
+    assert e.value.field == "exit_code"
+    assert (
+        decode_json(b'{"state": "failed", "exit_code": "1_000"}', TaskCompletion).exit_code == 1000
+    )
