@@ -31,11 +31,13 @@ import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
 from tornado import web
-from tornado.iostream import IOStream
+from tornado.escape import utf8
+from tornado.iostream import IOStream, StreamClosedError
 from tornado.websocket import (
     WebSocketClosedError,
     WebSocketHandler,
@@ -75,16 +77,23 @@ _RESET = struct.pack("ii", 1, 0)
 _CHUNK_BYTES = 65536
 
 
-class _ChunkedFrames(WebSocketProtocol13):
-    """Tornado's protocol, taking frames out of whole reads of the socket.
+class _ChannelProtocol(WebSocketProtocol13):
+    """Tornado's protocol, taking frames out of whole reads of the socket and
+    writing them without a task each (docs/adr/0160).
 
     Tornado reads a frame in three or four exact reads (header, length, mask,
     payload). After the first, the rest of the frame sits in the stream's buffer
     with no read pending, and the stream takes its socket off the event loop until
     the next read asks for it again: two ``epoll_ctl`` calls and their bookkeeping
     per frame. Reading whatever has arrived (``partial``) empties the stream's
-    buffer each time, so the socket stays registered (docs/adr/0160). Only
-    ``_read_bytes`` changes; the framing, limits and close handling are tornado's.
+    buffer each time, so the socket stays registered.
+
+    Tornado's ``write_message`` wraps the stream's future of each write in a new
+    task (to raise ``WebSocketClosedError`` instead of ``StreamClosedError`` from
+    it): a task and two turns of the event loop per frame sent. This one answers
+    the stream's future itself, done already when the socket took the frame at
+    once (:func:`when_taken`). The framing, limits, compression and close handling
+    are tornado's.
     """
 
     _pending: bytearray | None = None
@@ -99,6 +108,35 @@ class _ChunkedFrames(WebSocketProtocol13):
         del pending[:n]
         self._wire_bytes_in += n
         return data
+
+    def write_message(self, message: str | bytes | dict[str, Any], binary: bool = False) -> Any:
+        """Send a message; the stream's future of its write (it fails with
+        ``StreamClosedError`` when the connection closes before it is sent).
+
+        Raises
+        ------
+        WebSocketClosedError
+            When the connection is closed already.
+        """
+        if self._compressor is not None or isinstance(message, dict):
+            return super().write_message(message, binary)
+        data = utf8(message)
+        self._message_bytes_out += len(data)
+        try:
+            return self._write_frame(True, 0x2 if binary else 0x1, data)
+        except StreamClosedError as e:
+            raise WebSocketClosedError() from e
+
+
+def when_taken(
+    sent: "asyncio.Future[None]", taken: Callable[["asyncio.Future[None]"], None]
+) -> None:
+    """Call ``taken`` with ``sent`` once the write is done: now, when the socket
+    took the frame at once (no turn of the event loop), else when it is."""
+    if sent.done():
+        taken(sent)
+    else:
+        sent.add_done_callback(taken)
 
 
 class ChannelHandler(WebSocketHandler):
@@ -184,10 +222,10 @@ class ChannelHandler(WebSocketHandler):
     # ------------------------------------------------------------- settings
 
     def get_websocket_protocol(self) -> WebSocketProtocol | None:
-        """Tornado's protocol with :class:`_ChunkedFrames`' reads."""
+        """Tornado's protocol with :class:`_ChannelProtocol`'s reads and writes."""
         protocol = super().get_websocket_protocol()
         if isinstance(protocol, WebSocketProtocol13):
-            protocol.__class__ = _ChunkedFrames
+            protocol.__class__ = _ChannelProtocol
         return protocol
 
     @property
@@ -277,7 +315,7 @@ class ChannelHandler(WebSocketHandler):
             if not f.cancelled():
                 f.exception()  # a closed socket: on_close has the rest
 
-        sent.add_done_callback(taken)
+        when_taken(sent, taken)
 
     def close(self, code: int | None = None, reason: str | None = None) -> None:
         """Send the close frame; cut the peer off if it has not taken the frame

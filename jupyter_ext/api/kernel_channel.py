@@ -29,7 +29,7 @@ from gpulayer.contracts import CLOSE_RESYNC
 from ..auth import Principal
 from ..kernel_relays import KernelRelays
 from .base import jupyter_owner
-from .channel import ChannelHandler
+from .channel import ChannelHandler, when_taken
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class _RelayHandler(ChannelHandler):
             if not f.cancelled():
                 f.exception()
 
-        sent.add_done_callback(taken)
+        when_taken(sent, taken)
 
     def close_relay(self, code: int, why: str) -> None:
         """Close the socket with ``code`` and a reason its peer reads."""

@@ -343,6 +343,13 @@ def test_a_peer_that_stops_reading_is_cut_off_and_resumes_over_a_new_channel(fre
         job = gl.submit("python -c \"[print('y' * 100) for _ in range(3000)]\"", connection=conn)
         assert conn.wait(job.id, timeout=120).state == "succeeded"
         before = _channels_open(c)  # the worker's channel and this connection's
+        # A peer that takes each answer keeps its channel, however much it is sent in
+        # all: what the socket took at once no longer counts as unsent.
+        with _open(c, "channel", c.admin_token, max_size=None) as ws:
+            for i in range(5):  # ~360 kB each, 1.8 MB in all
+                answer = _call(ws, i, "GET", f"jobs/{job.id}/logs", limit="3000")
+                assert answer.status == 200, answer
+        until(lambda: _channels_open(c) == before, 30, "the reading peer's channel to close")
         # max_queue=1: the client library stops reading the socket once one frame
         # waits (it reads in a thread of its own), so the answers pile up on the server.
         with _open(c, "channel", c.admin_token, max_size=None, max_queue=1) as ws:
