@@ -538,9 +538,10 @@ class FunctionRun:
         self._env = dict(env)  # the per-call variables (task_vars)
         self._cwd = cwd
         self._on_line = on_line
-        self._cancelled = asyncio.Event()
+        self._cancelled = False
         self._cancel_reason: str | None = None
         self._runner: Runner | None = None
+        self._call: asyncio.Task[tuple[bytes, Summary]] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -551,7 +552,9 @@ class FunctionRun:
         """Stop the call (its runner is killed); the run ends ``cancelled``."""
         if self._cancel_reason is None:
             self._cancel_reason = reason
-        self._cancelled.set()
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
 
     def interrupt(self) -> None:
         """Nothing to do: a call is only ever stopped whole (:meth:`cancel`)."""
@@ -559,7 +562,7 @@ class FunctionRun:
     async def run(self) -> RunOutcome:
         """Make the call; never raises for what the function does."""
         spec = self._a.spec
-        if self._cancelled.is_set():
+        if self._cancelled:
             return RunOutcome("cancelled", None, self._cancel_reason)
         pickled_by = spec.function.python if spec.function is not None else ""
         if self._env_python and pickled_by and pickled_by != self._env_python:
@@ -574,28 +577,30 @@ class FunctionRun:
             self._a.task_id, self._data, self._env, self._cwd, self._on_line,
             skip=self._a.done_calls, on_part=self._on_part,
         )  # fmt: skip
-        call = asyncio.create_task(making)
-        stop = asyncio.create_task(self._cancelled.wait())
-        try:
-            done, _ = await asyncio.wait({call, stop}, timeout=spec.timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        finally:
-            stop.cancel()
-        self._runner = None
-        if call not in done:
+        # A task of its own, which cancel() cancels; no task waits for the cancel
+        # beside it (two tasks and their wake-ups on the path of every call).
+        call = self._call = asyncio.create_task(making)
+        if self._cancelled:  # while it waited for a runner
             call.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RunnerDied):
-                await call
-            await self._pool.discard(runner)
-            if self._cancelled.is_set():
-                return RunOutcome("cancelled", None, self._cancel_reason)
-            return RunOutcome("timed_out", None, f"timed out after {spec.timeout:g} s")
         try:
-            result, summary = call.result()
+            result, summary = await asyncio.wait_for(call, spec.timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # the run itself is being cancelled (the worker is stopping)
+            with contextlib.suppress(asyncio.CancelledError, RunnerDied):
+                await call  # done already, unless the timeout's cancel is still going
+            await self._pool.discard(runner)
+            if self._cancelled:
+                return RunOutcome("cancelled", None, self._cancel_reason)
+            assert spec.timeout is not None
+            return RunOutcome("timed_out", None, f"timed out after {spec.timeout:g} s")
         except RunnerDied as e:
             await self._pool.discard(runner)
             self._on_line(c.LogStream.system, str(e), datetime.now(UTC))
             return RunOutcome("failed", e.returncode, str(e))
+        finally:
+            self._runner = self._call = None
         await self._pool.give_back(runner)
         if summary.errors == 0:
             return RunOutcome("succeeded", 0, None, result=result)

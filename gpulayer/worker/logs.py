@@ -51,6 +51,21 @@ class LogShipper:
         self._idle = asyncio.Event()  # no batch on its way
         self._idle.set()
         self._sent_at = -1e9  # loop time the last batch went (long ago: the first goes at once)
+        self._on_demand = False  # run() started by the first line (start_on_demand)
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def start_on_demand(self) -> None:
+        """Run :meth:`run` in a task of its own from the first line (or flush) on, and
+        end it with :meth:`stop`: a call that prints nothing costs no task."""
+        self._on_demand = True
+
+    def _wake(self) -> None:
+        """Lines to ship: wake the loop (start it, on demand)."""
+        self._arrived.set()
+        if self._on_demand and self._loop_task is None and self._unacked and not self._stopped:
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self.run(), name=f"logs-{self.task_id}"
+            )
 
     @property
     def produced(self) -> int:
@@ -80,12 +95,12 @@ class LogShipper:
                 c.LogEntry(stream=stream, ts=ts, text=text[i : i + MAX_LINE_CHARS], rank=rank)
             )
         self._drained.clear()
-        self._arrived.set()
+        self._wake()
 
     async def flush(self) -> None:
         """Wait until every line queued so far is acknowledged (or given up on)."""
         self._urgent.set()  # from now on nothing is worth waiting for
-        self._arrived.set()
+        self._wake()
         await self._drained.wait()
 
     async def take_rest(self) -> c.LogBatch | None:
@@ -121,7 +136,7 @@ class LogShipper:
             del self._unacked[:taken]
             self._first_seq += taken
         if self._unacked:
-            self._arrived.set()
+            self._wake()
         else:
             self._drained.set()
 
@@ -132,6 +147,8 @@ class LogShipper:
         self._drained.set()
         self._arrived.set()
         self._urgent.set()  # run() ends now, even while it gathers a batch
+        if self._loop_task is not None:
+            self._loop_task.cancel()
 
     async def run(self) -> None:
         """The shipping loop; runs until :meth:`stop`."""

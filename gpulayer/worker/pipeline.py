@@ -148,7 +148,7 @@ class Pipeline:
             task.parts = PartShipper(task_id, send)
             task.parts_loop = asyncio.create_task(task.parts.run(), name=f"parts-{task_id}")
         self._launcher.expect(assignment)
-        task.shipper = asyncio.create_task(logs.run(), name=f"logs-{task_id}")
+        logs.start_on_demand()  # a call that prints nothing ships nothing
         task.pipeline = asyncio.create_task(self._pipeline(task), name=f"task-{task_id}")
 
     async def release(self, timeout: float) -> None:
@@ -215,9 +215,7 @@ class Pipeline:
             task.release_env()
             if task.env_sent is not None and not task.env_sent.done():
                 task.env_sent.cancel()
-            task.logs.stop()
-            if task.shipper is not None:
-                task.shipper.cancel()
+            task.logs.stop()  # and its loop, if it ran
             if task.parts is not None:
                 task.parts.stop()
             if task.parts_loop is not None:

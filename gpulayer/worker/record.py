@@ -32,7 +32,6 @@ class TaskRecord:
     assignment: c.Assignment
     logs: LogShipper
     send_metrics: MetricsSender
-    shipper: "asyncio.Task[None] | None" = None  # the log shipper's loop
     pipeline: "asyncio.Task[None] | None" = None  # runs and delivers the task
     run: Run | None = None
     dir: TaskDir | None = None

@@ -434,6 +434,33 @@ def test_a_short_tasks_started_line_waits_to_ride_its_completion() -> None:
     assert rest is not None and [e.text for e in rest.lines] == ["started on w1"]
 
 
+def test_a_shipper_started_on_demand_runs_only_once_there_are_lines() -> None:
+    """A call that prints nothing costs no shipping task; one that prints gets
+    its lines shipped, and stopping the shipper ends its loop."""
+
+    async def scenario() -> tuple[int, int, PartialServer]:
+        server = PartialServer()
+        shipper = LogShipper("t", server.send, batch_seconds=0.001)
+        before = len(asyncio.all_tasks())
+        shipper.start_on_demand()
+        await shipper.flush()  # nothing queued: returns at once, starts nothing
+        silent = len(asyncio.all_tasks()) - before
+        now = datetime.now().astimezone()
+        for i in range(3):
+            shipper.add(LogStream.stdout, f"line {i}", now)
+        await shipper.flush()
+        shipper.stop()
+        await asyncio.sleep(0)  # the loop's cancel lands
+        await asyncio.sleep(0)
+        left = len(asyncio.all_tasks()) - before
+        return silent, left, server
+
+    silent, left, server = asyncio.run(scenario())
+    assert silent == 0
+    assert server.lines == ["line 0", "line 1", "line 2"]
+    assert left == 0
+
+
 @contextlib.asynccontextmanager
 async def session_cell(
     tmp_path: Path,
