@@ -306,11 +306,53 @@ class Database:
         ``small`` units (each of at most :data:`INLINE_WRITE_ROWS` rows
         written, no large read) commits on the loop's thread (docs/adr/0139).
         """
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if small and self._alone_now(loop):
+            return self._commit_alone(unit, loop)
+        future: asyncio.Future[T] = loop.create_future()
         self._waiting.append((unit, future, small))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_waiting(), name="group-commit")
         return await future
+
+    def _alone_now(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a small unit would commit alone and on the loop's thread if handed
+        to the committer: nothing waits or commits, nothing runs on aiosqlite's thread,
+        no checkpoint to fold back, and nothing else ready to run on the loop before
+        the committer's first turn (so no other write could join its group). Then it
+        commits at once, without the committer's task and the two turns of the loop
+        it takes (docs/adr/0139). At most once a turn: :meth:`_commit_alone` leaves a
+        callback ready, so a writer that writes again without yielding goes through
+        the committer and lets the loop turn (its I/O, a checkpoint's start)."""
+        ready = getattr(loop, "_ready", None)  # asyncio's queue of ready callbacks
+        return (
+            ready is not None
+            and not ready
+            and not self._waiting
+            and (self._committer is None or self._committer.done())
+            and self._thread_calls == 0
+            and not self._catch_up_due
+        )
+
+    def _commit_alone(
+        self, unit: Callable[[sqlite3.Connection], T], loop: asyncio.AbstractEventLoop
+    ) -> T:
+        """Commit ``unit`` now, on the loop's thread, as a group of one."""
+        loop.call_soon(_turned)  # the next commit before the loop turns waits for it
+        if self._since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
+            self._start_checkpoint()
+        self._commits += 1
+        try:
+            ((ok, value),) = self._commit_here([unit])
+        except Exception as e:  # nothing stored
+            ok, value = False, e
+        finally:
+            self._since_checkpoint += 1
+            self._commits += 1
+        if not ok:
+            raise self._storage_failure_of(value)
+        result: T = value
+        return result
 
     async def _commit_waiting(self) -> None:
         """Commit what waits, a group at a time, until nothing does; start a
@@ -416,6 +458,11 @@ class Database:
 
 
 D = TypeVar("D", bound=Database)
+
+
+def _turned() -> None:
+    """Nothing: a callback whose place in the loop's ready queue says it has not
+    turned since the last commit made at once (:meth:`Database._alone_now`)."""
 
 
 def _checkpoint_wal(conn: sqlite3.Connection) -> None:

@@ -196,3 +196,22 @@ def test_small_writes_and_large_reads_on_the_thread_interleave_safely(tmp_path):
         assert stored_ids(path) == {f"t{i}" for i in range(300)}
 
     on_store(path, body)
+
+
+def test_a_writer_that_never_pauses_still_lets_the_loop_turn_between_its_writes(tmp_path):
+    # A small write commits at once when nothing else is ready to run (no task,
+    # no turn of the loop: docs/adr/0139), but at most once a turn: a coroutine
+    # that writes in a loop never holds up the loop's timers and I/O meanwhile.
+    path = tmp_path / "gl.db"
+
+    async def body(store):
+        written = 0
+        seen: list[int] = []
+        asyncio.get_running_loop().call_later(0.0, lambda: seen.append(written))
+        for i in range(200):
+            await store.insert_token(token(i))
+            written += 1
+        assert seen and seen[0] <= 2, f"the loop turned only after {seen} writes"
+        assert len(stored_ids(path)) == 200
+
+    on_store(path, body)
