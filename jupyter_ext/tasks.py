@@ -281,9 +281,9 @@ class Tasks:
                             answer = next(t for t in early.tasks if t.id == task_id)
                             core.ending[task.job_id] = early
                             core.notifier.notify(job_key(task.job_id))
-                            # A small commit runs on the loop (docs/adr/0139): let the
-                            # woken caller answer first, as it would during a hand-off.
-                            await asyncio.sleep(0)
+                            # The woken caller answers first: its wake-up is ready on
+                            # the loop, so this commit waits for the committer's turn,
+                            # which comes after it (docs/adr/0139).
                         try:
                             if riding is None:
                                 await core.store.apply(stmts)

@@ -282,7 +282,9 @@ class ChannelHandler(WebSocketHandler):
             body = error_body(busy, 429, "").model_dump_json()
             self.send(ChannelAnswer(id=call.id, status=429, body=body).model_dump_json())
             return
-        self._spawn(self._answer(call), self._calls)
+        # The call leaves the set itself as it ends (a done callback would take a
+        # turn of the loop); one cancelled before it began stays until on_close.
+        self._calls.add(asyncio.ensure_future(self._answer(call)))
 
     async def _answer(self, call: ChannelCall) -> None:
         try:
@@ -291,6 +293,8 @@ class ChannelHandler(WebSocketHandler):
             log.exception("channel call %s %s failed", call.method, call.path)
             body = ErrorBody(code="internal", message="internal error; see the server log")
             answer = ChannelAnswer(id=call.id, status=500, body=body.model_dump_json())
+        finally:
+            self._calls.discard(asyncio.current_task())
         self.send(answer.model_dump_json())
 
     def send(self, text: str) -> None:

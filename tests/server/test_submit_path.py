@@ -140,6 +140,33 @@ def test_a_waiting_caller_has_the_result_while_the_completion_commits(world):
     run(body())
 
 
+def test_a_waiting_caller_is_answered_before_the_completion_commits(world):
+    # Not held this time: the commit runs as soon as it can, and still after the
+    # woken caller's answer (docs/adr/0139: the caller's wake-up is ready first).
+    async def body():
+        async with world() as (cp, _):
+            r = await cp.workers.register(reg("box"))
+            job = await cp.jobs.submit(call_spec(), "u")
+            task = (await cp.workers.acquire(r.worker_id, 0)).assignments[0]
+            waiter = asyncio.ensure_future(cp.jobs.wait(job.id, 5))
+            await asyncio.sleep(0)
+            commit_here = cp.store._commit_here
+            answered_first: list[bool] = []
+
+            def commit(units):
+                answered_first.append(waiter.done())
+                return commit_here(units)
+
+            cp.store._commit_here = commit  # type: ignore[method-assign]
+            done = TaskCompletion(state="succeeded", exit_code=0, result=b"forty-two")
+            await cp.tasks.complete(as_worker(r), task.task_id, done)
+            cp.store._commit_here = commit_here  # type: ignore[method-assign]
+            assert answered_first[:1] == [True]
+            assert (await waiter).result == b"forty-two"
+
+    run(body())
+
+
 def test_a_failed_attempt_with_retries_left_is_not_answered_as_the_end(world):
     async def body():
         async with world() as (cp, _):
