@@ -73,6 +73,7 @@ class CellTaskRun:
         self._kernel: Kernel | None = None
         self._stop = asyncio.Event()
         self._stop_reason: str | None = None
+        self._woken: asyncio.Future[None] | None = None  # _guarded's wait, while it waits
         self._interrupted = False
         self._signal: asyncio.Future[None] | None = None  # an interrupt on its way
 
@@ -86,6 +87,7 @@ class CellTaskRun:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
+        _wake(self._woken)
 
     def interrupt(self) -> None:
         """SIGINT the kernel; the cell ends ``cancelled`` once the kernel says so."""
@@ -120,17 +122,26 @@ class CellTaskRun:
                 await kernel.shutdown()
 
     async def _guarded(self, kernel: Kernel, *, fresh: bool) -> RunOutcome:
-        """The cell under its timeout and cancel."""
+        """The cell under its timeout and cancel.
+
+        One future wakes it: the work's end, :meth:`cancel` or the timeout (no task
+        waiting on the stop event beside the work, as ``asyncio.wait`` would need:
+        two tasks and their turns of the loop on every cell)."""
+        loop = asyncio.get_running_loop()
         work = asyncio.create_task(self._steps(kernel))
-        stop = asyncio.create_task(self._stop.wait())
+        woken = self._woken = loop.create_future()
+        work.add_done_callback(lambda _: _wake(woken))
         timeout = self._a.spec.timeout
+        timer = None if timeout is None else loop.call_later(timeout, _wake, woken)
+        if self._stop.is_set():  # before it began to wait
+            _wake(woken)
         try:
-            done, _ = await asyncio.wait(
-                {work, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            await woken
         finally:
-            stop.cancel()
-        if work in done:
+            self._woken = None
+            if timer is not None:
+                timer.cancel()
+        if work.done():
             return work.result()
         # Timed out or cancelled: interrupt, let the kernel relay its KeyboardInterrupt.
         if fresh:
@@ -283,3 +294,9 @@ class SessionRun:
 def _call(fn: str, path: str, *args: str) -> str:
     """One hidden line that calls :mod:`gpulayer.variables` in the kernel."""
     return f"__import__('gpulayer.variables').variables.{fn}({', '.join((repr(path), *args))})"
+
+
+def _wake(fut: "asyncio.Future[None] | None") -> None:
+    """Resolve ``fut`` unless it is None or done already."""
+    if fut is not None and not fut.done():
+        fut.set_result(None)

@@ -6,7 +6,6 @@ is stored once, and a follower sees every line once, in order (docs/api.md).
 """
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -45,7 +44,8 @@ class LogShipper:
         self._arrived = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._urgent = asyncio.Event()  # set by flush(): stop gathering, send now
+        self._urgent = False  # set by flush(): stop gathering, send now
+        self._gathering: asyncio.Future[None] | None = None  # run()'s wait, while it waits
         self._stopped = False
         self._held = False  # the rest goes with the completion (take_rest)
         self._idle = asyncio.Event()  # no batch on its way
@@ -99,7 +99,7 @@ class LogShipper:
 
     async def flush(self) -> None:
         """Wait until every line queued so far is acknowledged (or given up on)."""
-        self._urgent.set()  # from now on nothing is worth waiting for
+        self._hurry()  # from now on nothing is worth waiting for
         self._wake()
         await self._drained.wait()
 
@@ -146,7 +146,7 @@ class LogShipper:
         self._unacked.clear()
         self._drained.set()
         self._arrived.set()
-        self._urgent.set()  # run() ends now, even while it gathers a batch
+        self._hurry()  # run() ends now, even while it gathers a batch
         if self._loop_task is not None:
             self._loop_task.cancel()
 
@@ -165,8 +165,7 @@ class LogShipper:
                 # unless a flush wants them now. After a quiet spell the first line
                 # goes at once (a cell's first output, a prompt), and lines that
                 # arrive while it is on its way make the next batch.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), self._batch_seconds - quiet)
+                await self._gather(self._batch_seconds - quiet)
             while self._unacked and not self._stopped and not self._held:
                 try:
                     await self._ship_one()
@@ -175,6 +174,26 @@ class LogShipper:
                     self.stop()
             if not self._unacked:
                 self._drained.set()
+
+    def _hurry(self) -> None:
+        """Stop gathering: what is queued goes now, and from now on at once."""
+        self._urgent = True
+        if self._gathering is not None and not self._gathering.done():
+            self._gathering.set_result(None)
+
+    async def _gather(self, seconds: float) -> None:
+        """Wait ``seconds``, or until :meth:`_hurry`: one future and a timer (a wait
+        for an event with a timeout would run a task of its own)."""
+        if self._urgent:
+            return
+        loop = asyncio.get_running_loop()
+        fut = self._gathering = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._gathering = None
 
     async def _ship_one(self) -> None:
         self._idle.clear()
@@ -210,3 +229,8 @@ class LogShipper:
         taken = min(taken, len(self._unacked))
         del self._unacked[:taken]
         self._first_seq += taken
+
+
+def _resolve(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)

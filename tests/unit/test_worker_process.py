@@ -468,6 +468,7 @@ async def session_cell(
     batch_seconds: float,
     slow_first_line: bool = False,
     server: Any = None,
+    timeout: float | None = None,
 ) -> AsyncIterator[tuple[CellTaskRun, LogShipper, Any, Kernel]]:
     """A cell of ``source`` in a real session kernel, its lines shipped to
     ``server`` (a :class:`PartialServer` by default); the shipper stops and the
@@ -477,7 +478,7 @@ async def session_cell(
     server = server or PartialServer()
     shipper = LogShipper("t", server.send, batch_seconds=batch_seconds)
     runner = asyncio.create_task(shipper.run())
-    spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
+    spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"), timeout=timeout)
     a = Assignment(task_id="t", job_id="j", attempt=1, spec=spec, owner="ada")
     host = KernelHost()
     kernel = host.sessions[session_key(a, "s")] = Kernel(dict(os.environ), tmp_path)
@@ -501,6 +502,36 @@ async def session_cell(
         shipper.stop()
         await runner
         await kernel.shutdown()
+
+
+def _next_cell(kernel: Kernel, source: str, tmp_path: Path) -> CellTaskRun:
+    """Another cell of ``source`` on the session kernel ``kernel``."""
+    spec = JobSpec(kind=JobKind.cell, cell=CellSpec(source=source, session="s"))
+    a = Assignment(task_id="t2", job_id="j2", attempt=1, spec=spec, owner="ada")
+    host = KernelHost()
+    host.sessions[session_key(a, "s")] = kernel
+    return CellTaskRun(host, a, env={}, cwd=tmp_path, scratch=tmp_path,
+                       on_line=lambda *args, **kwargs: None)  # fmt: skip
+
+
+def test_a_session_cell_past_its_timeout_or_cancelled_is_interrupted_and_its_kernel_lives_on(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        sleeper = "import time; time.sleep(60)"
+        async with session_cell(tmp_path, sleeper, 0.05, timeout=0.5) as (cell, _, _, kernel):
+            timed = await cell.run()
+            assert timed.state == "timed_out" and timed.reason == "timed out after 0.5 s"
+            assert (await _next_cell(kernel, "x = 41 + 1", tmp_path).run()).state == "succeeded"
+            busy = _next_cell(kernel, sleeper, tmp_path)
+            running = asyncio.create_task(busy.run())
+            await until_async(lambda: busy.pid is not None, 30)  # it has the kernel
+            busy.cancel("cancelled by the test")
+            cancelled = await asyncio.wait_for(running, 30)  # long before the sleep's end
+            assert cancelled.state == "cancelled" and cancelled.reason == "cancelled by the test"
+            assert (await _next_cell(kernel, "x", tmp_path).run()).state == "succeeded"
+
+    asyncio.run(scenario())
 
 
 def test_a_cells_first_output_goes_at_once_and_its_reply_rides_the_completion(
