@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from gpulayer.contracts import (
@@ -185,6 +185,9 @@ class Core:
         self.quotas = quotas
         self.fleet = Fleet(store, telemetry_samples, quotas.telemetry_bytes_per_worker)
         self.mailbox = Mailbox()
+        #: Per worker whose live channel has sent its first answer: sends what its
+        #: mailbox holds now, at once (``Jobs._store_placed``; docs/adr/0160).
+        self.pushers: dict[str, Callable[[], Awaitable[None]]] = {}
         # What the autoscaler says about queued jobs and allocations (docs/providers.md).
         self.board = Board()
         # One placement or state change at a time.

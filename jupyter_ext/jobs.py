@@ -314,6 +314,13 @@ class Jobs:
             if assignment is not None:
                 core.mailbox.started(w.id, assignment)
         core.instruments.placement_latency.observe(0.0)
+        push = core.pushers.get(w.id) if assignment is not None else None
+        if push is not None:
+            # Sent from here, now: the worker starts while the caller reads its answer,
+            # and the channel's acquire, not woken, stays armed.
+            await push()
+            core.notify_job(job_id)
+            return True
         core.notify_worker(w.id)
         core.notify_job(job_id)
         if assignment is not None:

@@ -357,6 +357,14 @@ class Workers:
             await self._placer.schedule()  # the session runs now: place the cells waiting for it
         return got
 
+    async def take_now(self, worker_id: str) -> Acquired | None:
+        """What the worker's acquire would answer now (None: nothing), for a push sent
+        without waking it (``ControlPlane.pushers``)."""
+        got = await self._take(worker_id)
+        if got is not None and any(a.spec.kind == JobKind.session for a in got.assignments):
+            await self._placer.schedule()  # the session runs now: place the cells waiting for it
+        return got
+
     async def _take(self, worker_id: str, *, empty: bool = False) -> Acquired | None:
         """Start the worker's scheduled tasks and collect its cancels, interrupts and
         the tasks started when they were submitted (:meth:`start_at_submit`); None

@@ -11,7 +11,8 @@ answered (in any order, calls run side by side) by a
 :class:`~gpulayer.contracts.ChannelAnswer` from ``channel_calls.py``. A worker's
 channel also pushes a :class:`~gpulayer.contracts.ChannelPush` with its
 ``Acquired`` the moment placement stores an assignment (or a cancel or interrupt
-waits for it): the acquire long poll, held open for as long as the socket is.
+waits for it): the acquire long poll, held open for as long as the socket is; a
+submit that starts its task at once sends it itself (``Core.pushers``, docs/adr/0160).
 
 Limits: a frame over the route's body limit closes the channel (1009) and
 harms nothing else; at most ``channel_max_calls`` calls in flight (more are
@@ -387,19 +388,32 @@ class WorkerChannelHandler(ChannelHandler):
         (docs/adr/0150)."""
         hold = self.limits.long_poll_seconds
         resync = True
-        while self.ws_connection is not None and not self.ws_connection.is_closing():
-            try:
-                got = await self.gl.workers.acquire(worker_id, hold, self.who, resync=resync)
-                resync = False
-            except NotFound:
-                self.close(4404, "unknown worker: register again")
-                return
-            except Exception:  # a loop of the channel: log, wait, acquire again
-                log.exception("pushing to worker %s failed", worker_id)
-                await asyncio.sleep(_PUSH_RETRY_SECONDS)
-                continue
-            if got is not None:
-                self.send(ChannelPush(acquired=got).model_dump_json())
+        pushers = self.gl.core.pushers
+        try:
+            while self.ws_connection is not None and not self.ws_connection.is_closing():
+                try:
+                    got = await self.gl.workers.acquire(worker_id, hold, self.who, resync=resync)
+                except NotFound:
+                    self.close(4404, "unknown worker: register again")
+                    return
+                except Exception:  # a loop of the channel: log, wait, acquire again
+                    log.exception("pushing to worker %s failed", worker_id)
+                    await asyncio.sleep(_PUSH_RETRY_SECONDS)
+                    continue
+                if got is not None:
+                    self.send(ChannelPush(acquired=got).model_dump_json())
+                if resync:  # its first answer went: a submit may push the next itself
+                    resync = False
+                    pushers[worker_id] = self._push_now
+        finally:
+            if pushers.get(worker_id) == self._push_now:
+                del pushers[worker_id]
+
+    async def _push_now(self) -> None:
+        """Send what this worker's mailbox holds now (a task started at its submit)."""
+        got = await self.gl.workers.take_now(self.path_kwargs["worker_id"])
+        if got is not None:
+            self.send(ChannelPush(acquired=got).model_dump_json())
 
 
 ROUTES: list[tuple[str, type[ChannelHandler]]] = [
