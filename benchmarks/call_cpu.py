@@ -24,7 +24,8 @@ import psutil
 
 import gpulayer as gl
 from gpulayer.cli.cluster import LocalCluster
-from gpulayer.client import cells
+from gpulayer.client import Connection
+from gpulayer.client import cells as cells_api
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -66,6 +67,31 @@ def measure(call: Callable[[int], None], cluster: LocalCluster, calls: int) -> N
     print(f"CPU per call: {total:.2f} ms = " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
 
 
+def warm_call(conn: Connection, *, cells: bool, session: str) -> Callable[[int], None]:
+    """One warm call to make again and again: a ``.run`` of a trivial function, or
+    with ``cells`` an ``a = 1`` cell in the session ``session`` (started here and
+    waited for; end it with ``conn.end_session(session)``)."""
+    if cells:
+        cells_api.ensure_session(conn, session)
+        deadline = time.monotonic() + 60
+        while conn.session(session).state != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        def cell(i: int) -> None:
+            run = cells_api.submit(conn, "a = 1", session=session)
+            for _ in run.messages():
+                pass
+            assert run.reply is not None and run.reply.get("status") == "ok"
+
+        return cell
+    f = gl.remote(lambda x: x + 1, connection=conn)
+
+    def call(i: int) -> None:
+        assert f.run(i) == i + 1
+
+    return call
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
@@ -78,22 +104,7 @@ def main() -> None:
         LocalCluster(tmp, workers=1, slots=2) as cluster,
         cluster.connection() as conn,
     ):
-        if args.cells:
-            cells.ensure_session(conn, "cpu")
-            deadline = time.monotonic() + 60
-            while conn.session("cpu").state != "running" and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-            def call(i: int) -> None:
-                run = cells.submit(conn, "a = 1", session="cpu")
-                for _ in run.messages():
-                    pass
-                assert run.reply is not None and run.reply.get("status") == "ok"
-        else:
-            f = gl.remote(lambda x: x + 1, connection=conn)
-
-            def call(i: int) -> None:
-                assert f.run(i) == i + 1
+        call = warm_call(conn, cells=args.cells, session="cpu")
 
         for i in range(args.warmup):
             call(i)

@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import gpulayer as gl
+from call_cpu import warm_call  # a script beside this one
+
 from gpulayer.cli.cluster import LocalCluster
-from gpulayer.client import cells
 
 #: The counter each process of the cluster loads (``GL_LOOP_TURNS`` names the folder
 #: its counts go to).
@@ -102,22 +102,7 @@ def main() -> None:
             LocalCluster(Path(tmp, "cluster"), workers=1, slots=2) as cluster,
             cluster.connection() as conn,
         ):
-            if args.cells:
-                cells.ensure_session(conn, "turns")
-                deadline = time.monotonic() + 60
-                while conn.session("turns").state != "running" and time.monotonic() < deadline:
-                    time.sleep(0.05)
-
-                def call(i: int) -> None:
-                    run = cells.submit(conn, "a = 1", session="turns")
-                    for _ in run.messages():
-                        pass
-            else:
-                f = gl.remote(lambda x: x + 1, connection=conn)
-
-                def call(i: int) -> None:
-                    f.run(i)
-
+            call = warm_call(conn, cells=args.cells, session="turns")
             for i in range(args.warmup):
                 call(i)
             worker = cluster.worker_pid(cluster.workers[0])

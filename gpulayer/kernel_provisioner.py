@@ -70,7 +70,7 @@ _MAX_FRAME_BYTES = 64 * 1024 * 1024
 #: pid after it (a worker's kernel folders, ``glk-`` and random letters, are not
 #: named so, nor removed here).
 _IPC_PREFIX = "glk-"
-_IPC_NAME = re.compile(r"glk-(\d+)-[^-/]+")
+_IPC_NAME = re.compile(re.escape(_IPC_PREFIX) + r"(\d+)-[^-/]+")
 
 
 def _ipc_folder() -> str:

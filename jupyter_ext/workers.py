@@ -353,14 +353,16 @@ class Workers:
             got = await core.notifier.wait_for(
                 worker_key(worker_id), lambda: self._take(worker_id), wait
             )
-        if got is not None and any(a.spec.kind == JobKind.session for a in got.assignments):
-            await self._placer.schedule()  # the session runs now: place the cells waiting for it
-        return got
+        return await self._handed(got)
 
     async def take_now(self, worker_id: str) -> Acquired | None:
         """What the worker's acquire would answer now (None: nothing), for a push sent
-        without waking it (``ControlPlane.pushers``)."""
-        got = await self._take(worker_id)
+        without waking it (``Core.pushers``)."""
+        return await self._handed(await self._take(worker_id))
+
+    async def _handed(self, got: Acquired | None) -> Acquired | None:
+        """``got``, once what its handing out changes is done: a session it starts
+        lets the cells waiting for it be placed."""
         if got is not None and any(a.spec.kind == JobKind.session for a in got.assignments):
             await self._placer.schedule()  # the session runs now: place the cells waiting for it
         return got

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpulayer import contracts as c
 from gpulayer.worker.kernels import Kernel, KernelDied, KernelHost, encode, session_key
-from gpulayer.worker.runs import HoldingLineCallback, LineCallback, RunOutcome
+from gpulayer.worker.runs import HoldingLineCallback, LineCallback, RunOutcome, wake
 from gpulayer.worker.workspace import read_owned, write_for_task
 
 _INTERRUPT_GRACE_SECONDS = 5.0  # a cancelled session cell gets this long to stop
@@ -87,7 +87,7 @@ class CellTaskRun:
         if self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
-        _wake(self._woken)
+        wake(self._woken)
 
     def interrupt(self) -> None:
         """SIGINT the kernel; the cell ends ``cancelled`` once the kernel says so."""
@@ -130,11 +130,11 @@ class CellTaskRun:
         loop = asyncio.get_running_loop()
         work = asyncio.create_task(self._steps(kernel))
         woken = self._woken = loop.create_future()
-        work.add_done_callback(lambda _: _wake(woken))
+        work.add_done_callback(lambda _: wake(woken))
         timeout = self._a.spec.timeout
-        timer = None if timeout is None else loop.call_later(timeout, _wake, woken)
+        timer = None if timeout is None else loop.call_later(timeout, wake, woken)
         if self._stop.is_set():  # before it began to wait
-            _wake(woken)
+            wake(woken)
         try:
             await woken
         finally:
@@ -294,9 +294,3 @@ class SessionRun:
 def _call(fn: str, path: str, *args: str) -> str:
     """One hidden line that calls :mod:`gpulayer.variables` in the kernel."""
     return f"__import__('gpulayer.variables').variables.{fn}({', '.join((repr(path), *args))})"
-
-
-def _wake(fut: "asyncio.Future[None] | None") -> None:
-    """Resolve ``fut`` unless it is None or done already."""
-    if fut is not None and not fut.done():
-        fut.set_result(None)

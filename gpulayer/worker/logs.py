@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from gpulayer import contracts as c
+from gpulayer.worker.runs import wake
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,7 @@ class LogShipper:
     def _hurry(self) -> None:
         """Stop gathering: what is queued goes now, and from now on at once."""
         self._urgent = True
-        if self._gathering is not None and not self._gathering.done():
-            self._gathering.set_result(None)
+        wake(self._gathering)
 
     async def _gather(self, seconds: float) -> None:
         """Wait ``seconds``, or until :meth:`_hurry`: one future and a timer (a wait
@@ -188,7 +188,7 @@ class LogShipper:
             return
         loop = asyncio.get_running_loop()
         fut = self._gathering = loop.create_future()
-        timer = loop.call_later(seconds, _resolve, fut)
+        timer = loop.call_later(seconds, wake, fut)
         try:
             await fut
         finally:
@@ -229,8 +229,3 @@ class LogShipper:
         taken = min(taken, len(self._unacked))
         del self._unacked[:taken]
         self._first_seq += taken
-
-
-def _resolve(fut: "asyncio.Future[None]") -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -15,6 +15,7 @@ A task runs as one of
 them, so each can import :class:`RunOutcome` from here.
 """
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,3 +82,10 @@ class Run(Protocol):
         """Start the run, wait for its end and say how it ended; never raises for
         what the user's code does."""
         ...
+
+
+def wake(fut: "asyncio.Future[None] | None") -> None:
+    """Resolve ``fut`` unless it is None or done already: the one future a run's
+    wait is woken by (its work's end, a cancel, a timer), whichever comes first."""
+    if fut is not None and not fut.done():
+        fut.set_result(None)

@@ -341,14 +341,11 @@ class Database:
         loop.call_soon(_turned)  # the next commit before the loop turns waits for it
         if self._since_checkpoint >= CHECKPOINT_EVERY_COMMITS:
             self._start_checkpoint()
-        self._commits += 1
         try:
-            ((ok, value),) = self._commit_here([unit])
+            with self._counted_group():
+                ((ok, value),) = self._commit_here([unit])
         except Exception as e:  # nothing stored
             ok, value = False, e
-        finally:
-            self._since_checkpoint += 1
-            self._commits += 1
         if not ok:
             raise self._storage_failure_of(value)
         result: T = value
@@ -366,17 +363,15 @@ class Database:
                 return
             group, self._waiting = self._waiting, []
             units = [unit for unit, _, _ in group]
-            self._commits += 1
             try:
-                if self._inline(group):
-                    outcomes = self._commit_here(units)
-                else:
-                    commit = functools.partial(commit_group, journal=self._journal, units=units)
-                    outcomes = await self._in_thread(commit)
+                with self._counted_group():
+                    if self._inline(group):
+                        outcomes = self._commit_here(units)
+                    else:
+                        commit = functools.partial(commit_group, journal=self._journal, units=units)
+                        outcomes = await self._in_thread(commit)
             except Exception as e:  # nothing of the group is stored: each writer hears why
                 outcomes = [(False, e)] * len(group)
-            self._since_checkpoint += 1
-            self._commits += 1
             for (_, future, _), (ok, value) in zip(group, outcomes, strict=True):
                 if future.done():  # its writer was cancelled; its unit ran all the same
                     continue
@@ -384,6 +379,17 @@ class Database:
                     future.set_result(value)
                 else:
                     future.set_exception(self._storage_failure_of(value))
+
+    @contextlib.contextmanager
+    def _counted_group(self) -> Iterator[None]:
+        """One group commit, counted as it begins and as it ends (:meth:`version`) and
+        towards the next checkpoint, whether it commits or fails."""
+        self._commits += 1
+        try:
+            yield
+        finally:
+            self._since_checkpoint += 1
+            self._commits += 1
 
     def _inline(self, group: Sequence[tuple[Unit, Any, bool]]) -> bool:
         """Whether a group commits on the loop's thread: a few small units, and

@@ -107,14 +107,20 @@ def test_a_job_submitted_behind_a_queued_one_does_not_jump_the_queue(world):
     run(body())
 
 
+async def _a_call_someone_waits_for(cp):
+    """A worker, a call it runs, its assignment, and a caller waiting for its end."""
+    r = await cp.workers.register(reg("box"))
+    job = await cp.jobs.submit(call_spec(), "u")
+    task = (await cp.workers.acquire(r.worker_id, 0)).assignments[0]
+    waiter = asyncio.ensure_future(cp.jobs.wait(job.id, 5))
+    await asyncio.sleep(0)  # the waiter is waiting (one turn, no time)
+    return r, job, task, waiter
+
+
 def test_a_waiting_caller_has_the_result_while_the_completion_commits(world):
     async def body():
         async with world() as (cp, _):
-            r = await cp.workers.register(reg("box"))
-            job = await cp.jobs.submit(call_spec(), "u")
-            task = (await cp.workers.acquire(r.worker_id, 0)).assignments[0]
-            waiter = asyncio.ensure_future(cp.jobs.wait(job.id, 5))
-            await asyncio.sleep(0)
+            r, job, task, waiter = await _a_call_someone_waits_for(cp)
             held, release = asyncio.Event(), asyncio.Event()
             apply = cp.store.apply
 
@@ -145,11 +151,7 @@ def test_a_waiting_caller_is_answered_before_the_completion_commits(world):
     # woken caller's answer (docs/adr/0139: the caller's wake-up is ready first).
     async def body():
         async with world() as (cp, _):
-            r = await cp.workers.register(reg("box"))
-            job = await cp.jobs.submit(call_spec(), "u")
-            task = (await cp.workers.acquire(r.worker_id, 0)).assignments[0]
-            waiter = asyncio.ensure_future(cp.jobs.wait(job.id, 5))
-            await asyncio.sleep(0)
+            r, _, task, waiter = await _a_call_someone_waits_for(cp)
             commit_here = cp.store._commit_here
             answered_first: list[bool] = []
 
