@@ -37,6 +37,7 @@ again (over HTTP at once), so a log follow resumes from its offset.
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -79,9 +80,17 @@ _CHANNEL_ROUTES = [(m, re.compile(p)) for m, p in contracts.CLIENT_CALLS]
 _M = TypeVar("_M", bound=BaseModel)
 
 
-class _ChannelResponse(httpx.Response):
-    """A channel's answer as the HTTP route's response. Its ``request`` is built only
-    when something reads it (an error message): parsing the URL costs ~30 us."""
+class _ChannelResponse:
+    """A channel's answer, read as the HTTP route's response is read: its status,
+    body, reason and headers, and the request it answers (an error message names
+    it), built only when something reads it: parsing the URL costs ~30 us.
+
+    Not an ``httpx.Response``: building one per answer (its headers, stream and
+    decoders, read back at once) cost more than the rest of the client's read of
+    the answer.
+    """
+
+    __slots__ = ("_asked", "_request", "content", "status_code")
 
     def __init__(
         self,
@@ -90,9 +99,29 @@ class _ChannelResponse(httpx.Response):
         url: str,
         params: Mapping[str, str | int | float] | None,
     ) -> None:
-        headers = {"Content-Type": "application/json"} if answer.body else None
-        super().__init__(answer.status, content=answer.body.encode(), headers=headers)
+        self.status_code = answer.status
+        self.content = answer.body.encode()
         self._asked = (method, url, params)
+        self._request: httpx.Request | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+    @property
+    def reason_phrase(self) -> str:
+        return httpx.codes.get_reason_phrase(self.status_code)
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return httpx.Headers({"Content-Type": "application/json"} if self.content else None)
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
     @property
     def request(self) -> httpx.Request:
@@ -101,9 +130,9 @@ class _ChannelResponse(httpx.Response):
             self._request = httpx.Request(method, url, params=params)
         return self._request
 
-    @request.setter
-    def request(self, value: httpx.Request) -> None:
-        self._request = value
+
+#: An answer to one request: over HTTP, or over the channel.
+Answer = httpx.Response | _ChannelResponse
 
 
 class Connection:
@@ -235,7 +264,7 @@ class Connection:
         headers: Mapping[str, str] | None = None,
         expect: tuple[int, ...] = (200,),
         retry: bool = False,
-    ) -> httpx.Response:
+    ) -> Answer:
         """Send one request and map every failure onto the gpulayer error tree.
 
         With ``retry`` (a request that may be repeated: a read, a wait, a keyed
@@ -300,7 +329,7 @@ class Connection:
         headers: Mapping[str, str],
         *,
         retry: bool = False,
-    ) -> httpx.Response:
+    ) -> Answer:
         """One exchange, over the channel when it carries the route, else HTTP; a
         transport failure is :class:`ConnectionFailed` (or :class:`CertificateMismatch`).
 
@@ -361,7 +390,7 @@ class Connection:
         params: Mapping[str, str | int | float] | None,
         content: bytes | None,
         headers: Mapping[str, str],
-    ) -> httpx.Response:
+    ) -> Answer:
         """One exchange over the channel, answered as the HTTP route answers."""
         call = contracts.ChannelCall(
             id=0,
@@ -410,7 +439,7 @@ class Connection:
         )
 
     @staticmethod
-    def _error(method: str, url: str, resp: httpx.Response) -> errors.GpulayerError:
+    def _error(method: str, url: str, resp: Answer) -> errors.GpulayerError:
         status = resp.status_code
         try:
             body = contracts.ErrorBody.model_validate_json(resp.content)
@@ -433,7 +462,7 @@ class Connection:
             status=status,
         )
 
-    def _parse(self, resp: httpx.Response, model: type[_M]) -> _M:
+    def _parse(self, resp: Answer, model: type[_M]) -> _M:
         try:
             return model.model_validate_json(resp.content)
         except PydanticValidationError as e:
@@ -774,9 +803,7 @@ class Connection:
         )
         return self._stored(resp, digest, f"upload of {os.fspath(path)}")
 
-    def _stored(
-        self, resp: httpx.Response, digest: transfer.Digest, what: str
-    ) -> contracts.BlobRef:
+    def _stored(self, resp: Answer, digest: transfer.Digest, what: str) -> contracts.BlobRef:
         ref = self._parse(resp, contracts.BlobRef)
         digest.check(ref.sha256, ref.size, what)
         return ref

@@ -38,7 +38,7 @@ from typing import Any
 import pydantic
 from tornado import web
 from tornado.escape import utf8
-from tornado.iostream import IOStream, StreamClosedError
+from tornado.iostream import IOStream, SSLIOStream, StreamClosedError
 from tornado.websocket import (
     WebSocketClosedError,
     WebSocketHandler,
@@ -93,11 +93,16 @@ class _ChannelProtocol(WebSocketProtocol13):
     task (to raise ``WebSocketClosedError`` instead of ``StreamClosedError`` from
     it): a task and two turns of the event loop per frame sent. This one answers
     the stream's future itself, done already when the socket took the frame at
-    once (:func:`when_taken`). The framing, limits, compression and close handling
-    are tornado's.
+    once (:func:`when_taken`). And when nothing waits in the stream's buffer, it
+    hands the frame to the socket itself: the stream's write would add a callback
+    to its future only to mark a failure seen, one more turn of the loop per frame.
+    What the socket does not take goes through the stream, as does every frame
+    while anything waits there, so frames stay whole and in order. The framing,
+    limits, compression and close handling are tornado's.
     """
 
     _pending: bytearray | None = None
+    _taken: "asyncio.Future[None] | None" = None  # done: what a frame sent at once answers
 
     async def _read_bytes(self, n: int) -> bytes:
         pending = self._pending
@@ -123,10 +128,46 @@ class _ChannelProtocol(WebSocketProtocol13):
             return super().write_message(message, binary)
         data = utf8(message)
         self._message_bytes_out += len(data)
+        opcode = 0x2 if binary else 0x1
+        stream = self.stream
         try:
-            return self._write_frame(True, 0x2 if binary else 0x1, data)
+            if self.mask_outgoing or not _writes_now(stream):
+                return self._write_frame(True, opcode, data)
+            frame = _header(opcode, len(data)) + data
+            self._wire_bytes_out += len(frame)
+            try:
+                sent = stream.write_to_fd(memoryview(frame))
+            except OSError:  # (would block, or failed: the stream's write meets it again)
+                sent = 0
+            if sent == len(frame):
+                return self._sent_at_once()
+            return stream.write(frame[sent:])
         except StreamClosedError as e:
             raise WebSocketClosedError() from e
+
+    def _sent_at_once(self) -> "asyncio.Future[None]":
+        taken = self._taken
+        if taken is None:
+            taken = self._taken = asyncio.get_running_loop().create_future()
+            taken.set_result(None)
+        return taken
+
+
+def _writes_now(stream: IOStream) -> bool:
+    """Whether a frame may go to ``stream``'s socket now, ahead of the stream: it is
+    open, connected (its TLS handshake done) and holds nothing unsent."""
+    if stream.closed() or stream._connecting or len(stream._write_buffer):
+        return False
+    return not (isinstance(stream, SSLIOStream) and stream._ssl_accepting)
+
+
+def _header(opcode: int, size: int) -> bytes:
+    """A final, unmasked frame's header (RFC 6455 5.2), as tornado writes it."""
+    if size < 126:
+        return struct.pack("BB", 0x80 | opcode, size)
+    if size <= 0xFFFF:
+        return struct.pack("!BBH", 0x80 | opcode, 126, size)
+    return struct.pack("!BBQ", 0x80 | opcode, 127, size)
 
 
 def when_taken(

@@ -235,14 +235,19 @@ def test_an_oversized_frame_closes_only_that_channel(cluster, conn):
     assert conn.health().status == "ok"
 
 
-def _raw_channel(cluster) -> tuple[socket.socket, ClientProtocol]:
-    """An open client channel whose bytes the test writes itself."""
+def _raw_channel(cluster, rcvbuf: int | None = None) -> tuple[socket.socket, ClientProtocol]:
+    """An open client channel whose bytes the test writes (and reads) itself;
+    ``rcvbuf``: its socket's receive buffer, set before it connects."""
     uri = parse_uri(_ws(cluster, "channel"))
     protocol = ClientProtocol(uri, max_size=None)
     request = protocol.connect()
     request.headers["Authorization"] = f"Bearer {cluster.admin_token}"
     protocol.send_request(request)
-    sock = socket.create_connection((uri.host, uri.port), timeout=60)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(60)
+    sock.connect((uri.host, uri.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(b"".join(protocol.data_to_send()))
     while protocol.state is not State.OPEN:
@@ -305,6 +310,45 @@ def test_frames_are_taken_however_the_bytes_arrive(cluster):
             sock.sendall(trickled[i : i + 1])
         _read_until(sock, protocol, answers, pongs, {5, 6})
         assert answers[5] == answers[6] == 404
+
+
+def test_answers_sent_while_a_large_one_waits_arrive_whole_and_in_order(cluster, conn):
+    """A large answer the peer is slow to read waits, partly unsent, in the server's
+    buffer; small answers written meanwhile queue behind it instead of going to the
+    socket at once (docs/adr/0160): every frame arrives whole."""
+    job = gl.submit("python -c \"[print('y' * 300) for _ in range(10000)]\"", connection=conn)
+    assert conn.wait(job.id, timeout=120).state == "succeeded"
+    logs = contracts.ChannelCall(id=0, method="GET", path=f"jobs/{job.id}/logs",
+                                 query={"limit": "10000"})  # fmt: skip
+    sock, protocol = _raw_channel(cluster, rcvbuf=4096)
+    with sock:
+        sock.sendall(_frames_of(protocol, lambda p: p.send_text(logs.model_dump_json().encode())))
+        # The ~4 MB answer has begun: more than the kernel's buffers on both sides
+        # hold, so part of it waits in the server's own while the peer reads nothing.
+        protocol.receive_data(sock.recv(1024))
+        assert not protocol.events_received()
+        small = range(1, 41)
+        for i in small:  # each answered (a 404) while the large one waits unsent
+            call = contracts.ChannelCall(id=i, method="GET", path=f"jobs/nope-{i}")
+            sock.sendall(
+                _frames_of(protocol, lambda p, c=call: p.send_text(c.model_dump_json().encode()))
+            )
+        order: list[int] = []
+        bodies: dict[int, str] = {}
+        while len(order) < 1 + len(small):
+            data = sock.recv(65536)
+            assert data, "the control plane closed the channel"
+            protocol.receive_data(data)
+            assert protocol.state is State.OPEN, protocol.parser_exc
+            for event in protocol.events_received():
+                answer = contracts.ChannelAnswer.model_validate_json(event.data)
+                order.append(answer.id)
+                bodies[answer.id] = answer.body
+    assert order[0] == 0 and sorted(order[1:]) == list(small)
+    lines = contracts.LogPage.model_validate_json(bodies[0]).lines
+    assert [line.offset for line in lines] == list(range(10000))
+    printed = [line.text for line in lines if line.stream == contracts.LogStream.stdout]
+    assert len(printed) > 9900 and set(printed) == {"y" * 300}
 
 
 def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):

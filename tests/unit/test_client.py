@@ -504,8 +504,15 @@ def test_a_channel_answer_reads_as_its_http_response_and_names_its_request():
     answer = contracts.ChannelAnswer(id=3, status=201, body='{"id": "j1"}')
     url = "http://127.0.0.1:9/gpulayer/api/v1/jobs"
     resp = _ChannelResponse(answer, "POST", url, {"wait": 0.5})
-    assert (resp.status_code, resp.json()) == (201, {"id": "j1"})
+    assert (resp.status_code, resp.json(), resp.text) == (201, {"id": "j1"}, '{"id": "j1"}')
+    assert (resp.is_success, resp.reason_phrase) == (True, "Created")
+    assert resp.headers["content-type"] == "application/json"
     assert resp.request.method == "POST"
     assert str(resp.request.url) == url + "?wait=0.5"  # what an error message names
     empty = _ChannelResponse(contracts.ChannelAnswer(id=4, status=204, body=""), "GET", url, None)
-    assert (empty.status_code, empty.content) == (204, b"")
+    assert (empty.status_code, empty.content, empty.is_success) == (204, b"", True)
+    assert "content-type" not in empty.headers
+    refused = _ChannelResponse(
+        contracts.ChannelAnswer(id=5, status=409, body="{}"), "GET", url, None
+    )
+    assert (refused.is_success, refused.reason_phrase) == (False, "Conflict")
