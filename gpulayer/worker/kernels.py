@@ -82,6 +82,10 @@ class Kernel:
         remove_when_gone(self._dir)  # left by a worker killed with SIGKILL
         self._km: Any = None
         self._kc: Any = None
+        self._executing = 0  # cells running (one at a time: the lock)
+        self._watcher: asyncio.Task[None] | None = None  # see _watch
+        self._receiving: asyncio.Future[Any] | None = None  # the message a cell waits for
+        self._gone = False  # the watch saw the kernel process gone
 
     @property
     def pid(self) -> int | None:
@@ -168,11 +172,13 @@ class Kernel:
         """
         kc = self._kc
         msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False)
-        watch = asyncio.ensure_future(self._watch())
+        self._executing += 1
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
         relayed = False
         try:
             while True:  # iopub until this request's `idle`: then every output is in
-                msg = await self._next(kc.iopub_channel, watch)
+                msg = await self._next(kc.iopub_channel)
                 if msg["parent_header"].get("msg_id") != msg_id:
                     continue  # a previous, abandoned request's leftovers
                 kind = msg["msg_type"]
@@ -194,39 +200,67 @@ class Kernel:
                         relayed = True
                         await asyncio.sleep(0)
             while True:  # the reply (it may come before or after `idle`)
-                reply = await self._next(kc.shell_channel, watch)
+                reply = await self._next(kc.shell_channel)
                 if reply["parent_header"].get("msg_id") == msg_id:
                     return dict(reply["content"])
         finally:
-            watch.cancel()
+            self._executing -= 1
 
     async def _watch(self) -> None:
+        """While cells run, look every half second whether the kernel process still
+        does; once it is gone, end the wait of the running cell for its next message
+        (:meth:`_next`). One watch for cells that follow one another, not a task per
+        cell: it ends once no cell runs when it looks."""
+        try:
+            while self._executing and not self._gone:
+                if not await self.alive():
+                    self._gone = True
+                    if self._receiving is not None:
+                        self._receiving.cancel()
+                    return
+                await asyncio.sleep(_POLL_SECONDS)
+        finally:
+            self._watcher = None
+
+    async def _ended(self) -> None:
         """Returns once the kernel process has ended (looked at every half second)."""
         while await self.alive():
             await asyncio.sleep(_POLL_SECONDS)
 
-    async def _next(self, channel: Any, watch: "asyncio.Future[None]") -> dict[str, Any]:
-        """The channel's next message; :class:`KernelDied` once ``watch`` sees the
-        kernel gone first.
+    async def _next(self, channel: Any) -> dict[str, Any]:
+        """The channel's next message; :class:`KernelDied` once the kernel is gone
+        and none is waiting.
 
         One receive per message: zmq's asyncio socket takes a waiting message at
-        once, else its future waits on the socket. jupyter_client's ``get_msg``
-        polls first and arms a timer for its timeout: a poller, a future and a
-        timer per message, ~15% of the worker's CPU per cell (py-spy).
+        once, else its future waits on the socket, and the cell on that future
+        alone (the watch cancels it when the kernel dies). jupyter_client's
+        ``get_msg`` polls first and arms a timer for its timeout: a poller, a future
+        and a timer per message, ~15% of the worker's CPU per cell (py-spy).
         """
         socket = getattr(channel, "socket", None)
         if socket is None or socket.closed:  # the channel was stopped under the cell
-            await asyncio.shield(watch)
+            await self._ended()
             raise KernelDied(self._death())
         frames = socket.recv_multipart()
         if not frames.done():
-            await asyncio.wait((frames, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not frames.done():
+            if self._gone:
                 frames.cancel()
                 raise KernelDied(self._death())
+            self._receiving = frames
+            try:
+                await frames
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the cell is cancelled
+                # Else the receive was: by the watch, or by its socket closing (below).
+            except Exception:  # the channel closed under the wait: looked at below
+                pass
+            finally:
+                self._receiving = None
         if frames.cancelled() or frames.exception() is not None:
             # The channel was closed under the cell (its kernel is being shut down).
-            await asyncio.shield(watch)
+            await self._ended()
             raise KernelDied(self._death())
         session = self._kc.session
         _, wire = session.feed_identities(frames.result())
@@ -246,6 +280,8 @@ class Kernel:
 
     async def shutdown(self) -> None:
         """Stop the kernel (gracefully, then by force) and remove its files."""
+        if self._watcher is not None:
+            self._watcher.cancel()
         try:
             if self._kc is not None:
                 self._kc.stop_channels()
