@@ -74,8 +74,14 @@ def pack(kind: Kind, obj: Any, *, what: str = "the call") -> bytes:
                 " them inside the remote function instead, or pass what is needed to make them",
                 field="payload",
             ) from e
+    return _envelope(kind) + body
+
+
+@functools.cache
+def _envelope(kind: str) -> bytes:
+    """What comes before the body of every payload of ``kind`` made here."""
     header = json.dumps({"format": FORMAT, "python": PYTHON, "kind": kind}).encode()
-    return MAGIC + _HEADER.pack(len(header)) + header + body
+    return MAGIC + _HEADER.pack(len(header)) + header
 
 
 def header(data: bytes | memoryview) -> Header:
@@ -92,8 +98,20 @@ def header(data: bytes | memoryview) -> Header:
     (n,) = _HEADER.unpack(view[4:8])
     if n > _MAX_HEADER or len(view) < 8 + n:
         raise PayloadError("corrupt gpulayer payload (bad header length)", field="payload")
+    return _checked_header(bytes(view[8 : 8 + n]))
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_header(raw: bytes) -> Header:
+    """A payload's JSON header, read and checked (a few kinds recur: each is read once).
+
+    Raises
+    ------
+    PayloadError
+        A corrupt header, a newer format, or another Python minor version.
+    """
     try:
-        meta = json.loads(bytes(view[8 : 8 + n]))
+        meta = json.loads(raw)
         head = Header(int(meta["format"]), str(meta["python"]), str(meta["kind"]))
     except (ValueError, KeyError, TypeError) as e:
         raise PayloadError(f"corrupt gpulayer payload header: {e}", field="payload") from e
