@@ -74,13 +74,14 @@ def pack(kind: Kind, obj: Any, *, what: str = "the call") -> bytes:
                 " them inside the remote function instead, or pass what is needed to make them",
                 field="payload",
             ) from e
-    return _envelope(kind) + body
+    return _envelope(kind, FORMAT, PYTHON) + body
 
 
 @functools.cache
-def _envelope(kind: str) -> bytes:
-    """What comes before the body of every payload of ``kind`` made here."""
-    header = json.dumps({"format": FORMAT, "python": PYTHON, "kind": kind}).encode()
+def _envelope(kind: str, format_: int, python: str) -> bytes:
+    """What comes before the body of every payload of ``kind`` made here (cached per
+    ``format_`` and ``python`` too: what a process pretending to be another makes)."""
+    header = json.dumps({"format": format_, "python": python, "kind": kind}).encode()
     return MAGIC + _HEADER.pack(len(header)) + header
 
 
@@ -98,12 +99,13 @@ def header(data: bytes | memoryview) -> Header:
     (n,) = _HEADER.unpack(view[4:8])
     if n > _MAX_HEADER or len(view) < 8 + n:
         raise PayloadError("corrupt gpulayer payload (bad header length)", field="payload")
-    return _checked_header(bytes(view[8 : 8 + n]))
+    return _checked_header(bytes(view[8 : 8 + n]), FORMAT, PYTHON)
 
 
 @functools.lru_cache(maxsize=16)
-def _checked_header(raw: bytes) -> Header:
-    """A payload's JSON header, read and checked (a few kinds recur: each is read once).
+def _checked_header(raw: bytes, format_: int, python: str) -> Header:
+    """A payload's JSON header, read and checked against this gpulayer's ``format_``
+    and ``python`` (a few kinds recur: each is read once).
 
     Raises
     ------
@@ -115,9 +117,9 @@ def _checked_header(raw: bytes) -> Header:
         head = Header(int(meta["format"]), str(meta["python"]), str(meta["kind"]))
     except (ValueError, KeyError, TypeError) as e:
         raise PayloadError(f"corrupt gpulayer payload header: {e}", field="payload") from e
-    if head.format > FORMAT:
+    if head.format > format_:
         raise PayloadError(
-            f"payload format {head.format} is newer than this gpulayer understands ({FORMAT});"
+            f"payload format {head.format} is newer than this gpulayer understands ({format_});"
             " upgrade gpulayer here to the version the sender runs",
             field="payload",
         )
