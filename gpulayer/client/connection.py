@@ -493,12 +493,22 @@ class Connection:
         The request carries ``idempotency_key`` (a fresh one when None) and is
         retried with it through an outage, so the job is stored once.
         """
+        return self._parse(self._submitted(spec, wait, idempotency_key), contracts.Job)
+
+    def submit_ended(self, spec: contracts.JobSpec, *, wait: float) -> contracts.JobEnd:
+        """:meth:`submit` with ``wait``, read as a :class:`~gpulayer.contracts.JobEnd`:
+        how the job ended and its small result, its spec and tasks left unread (a
+        call's own answer). Ask for the job itself when it has not ended."""
+        return self._parse(self._submitted(spec, wait, None), contracts.JobEnd)
+
+    def _submitted(
+        self, spec: contracts.JobSpec, wait: float, idempotency_key: str | None
+    ) -> Answer:
         params = {"wait": f"{min(wait, LONG_POLL_SECONDS):.3f}"} if wait > 0 else None
-        resp = self._request(
+        return self._request(
             "POST", "jobs", json_model=spec, params=params, expect=(201, 200),
             headers=_keyed(idempotency_key), retry=True,
         )  # fmt: skip
-        return self._parse(resp, contracts.Job)
 
     def submit_many(
         self, specs: Sequence[contracts.JobSpec], *, idempotency_key: str | None = None

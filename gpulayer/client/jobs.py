@@ -190,7 +190,7 @@ class Job:
         return " ".join(parts) + ">"
 
 
-def failure_of(info: contracts.Job) -> errors.JobFailed:
+def failure_of(info: contracts.Job | contracts.JobEnd) -> errors.JobFailed:
     """The :class:`~gpulayer.errors.JobFailed` describing how a job ended."""
     code = "" if info.exit_code is None else f" (exit {info.exit_code})"
     reason = f": {info.reason}" if info.reason else ""

@@ -301,6 +301,25 @@ class Task(DocumentModel):
     )
 
 
+class JobEnd(DocumentModel):
+    """What a caller that waited for a job reads of the ``Job`` answered: how it
+    ended and its small result. Parsed from the same document, skipping its spec and
+    tasks (a warm ``.run`` reads nothing else; the client parsed the whole ``Job``,
+    spec validators included, on every call)."""
+
+    model_config = BASE64_BYTES
+
+    id: str
+    state: JobState
+    reason: str | None = None
+    exit_code: int | None = None
+    worker_name: str | None = None
+    result: bytes | None = None
+    result_size: int | None = None
+    log_lines: int = 0
+    result_parts: int = 0
+
+
 class Job(DocumentModel):
     """A submitted job with its current state."""
 

@@ -101,7 +101,7 @@ class Call(Generic[R]):
 
     def echo(self) -> None:
         """Print the lines stored so far (stdout and stderr where they belong)."""
-        _print_lines(stored_lines(self.connection, self.id))
+        echo(self.connection, self.id)
 
     def follow(self) -> None:
         """Print lines live until the call ends; while it waits for a worker, say why
@@ -109,6 +109,11 @@ class Call(Generic[R]):
         self.info = wait_to_start(self.connection, self.info, say_on_stderr)
         _print_lines(self.connection.follow_logs(self.id))
         self.info = self.connection.job(self.id, retry=True)
+
+
+def echo(conn: Connection, job_id: str) -> None:
+    """Print the lines job ``job_id`` stored so far (stdout and stderr where they belong)."""
+    _print_lines(stored_lines(conn, job_id))
 
 
 def _print_lines(lines: Iterable[contracts.LogLine]) -> None:

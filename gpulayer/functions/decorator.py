@@ -36,9 +36,10 @@ from gpulayer import contracts, payload
 from gpulayer.client import specs
 from gpulayer.client.connection import Connection
 from gpulayer.client.default import current_connection
-from gpulayer.functions.calls import Call
+from gpulayer.functions.calls import Call, echo
 from gpulayer.functions.checks import check_python, slots
 from gpulayer.functions.mapping import MapRun
+from gpulayer.functions.tracebacks import outcomes, value
 from gpulayer.notebook import progress as progress_display
 
 P = ParamSpec("P")
@@ -161,14 +162,16 @@ class RemoteFunction(Generic[P, R]):
         """
         conn = self._conn()
         spec = self.spec_for([(args, kwargs)], conn)
-        info = conn.submit(spec, wait=_QUICK_WAIT_SECONDS)
-        call: Call[R] = Call(conn, info, self._name(), self._fn)
+        end = conn.submit_ended(spec, wait=_QUICK_WAIT_SECONDS)
+        if end.state.terminal:  # the usual answer: read without the job's spec
+            if end.log_lines:
+                echo(conn, end.id)
+            got: list[payload.Outcome | None] = [*outcomes(conn, end)] or [None]
+            answer: R = value(got[0], end, self._fn)
+            return answer
+        call: Call[R] = Call(conn, conn.job(end.id, retry=True), self._name(), self._fn)
         try:
-            if info.state.terminal:
-                if info.log_lines:
-                    call.echo()
-            else:
-                call.follow()
+            call.follow()
             return call.result()
         except KeyboardInterrupt:
             call.cancel()

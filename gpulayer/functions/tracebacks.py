@@ -15,7 +15,7 @@ from gpulayer.client.connection import Connection
 from gpulayer.client.jobs import failure_of
 
 
-def outcomes(conn: Connection, info: contracts.Job) -> list[payload.Outcome]:
+def outcomes(conn: Connection, info: contracts.Job | contracts.JobEnd) -> list[payload.Outcome]:
     """The outcomes of an ended function job ([] when it has none)."""
     data = info.result
     if data is None and info.result_size:
@@ -44,7 +44,9 @@ def call_outcomes(
 
 
 def value(
-    outcome: payload.Outcome | None, info: contracts.Job, fn: Callable[..., Any] | None
+    outcome: payload.Outcome | None,
+    info: contracts.Job | contracts.JobEnd,
+    fn: Callable[..., Any] | None,
 ) -> Any:
     """The value of one outcome, or raise what it stands for."""
     if outcome is None:
@@ -55,7 +57,9 @@ def value(
 
 
 def exception(
-    outcome: payload.Outcome, info: contracts.Job, fn: Callable[..., Any] | None
+    outcome: payload.Outcome,
+    info: contracts.Job | contracts.JobEnd,
+    fn: Callable[..., Any] | None,
 ) -> BaseException:
     """The remote exception as raised here: its own type, caused by the remote traceback."""
     exc = outcome.error()

@@ -248,6 +248,10 @@ def test_large_result_comes_back_through_the_result_route(rf):
     call = rf(lambda n: b"x" * n).spawn(3 * contracts.INLINE_BYTES)
     assert call.result(timeout=60) == b"x" * (3 * contracts.INLINE_BYTES)
     assert call.info.result is None and call.info.result_size > contracts.INLINE_BYTES
+    # .run reads its answer as a JobEnd (no spec): the large result is fetched all the same
+    assert rf(lambda n: b"y" * n).run(3 * contracts.INLINE_BYTES) == b"y" * (
+        3 * contracts.INLINE_BYTES
+    )
 
 
 def test_prints_stream_into_run_and_logs(rf, capsys):

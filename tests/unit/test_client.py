@@ -516,3 +516,20 @@ def test_a_channel_answer_reads_as_its_http_response_and_names_its_request():
         contracts.ChannelAnswer(id=5, status=409, body="{}"), "GET", url, None
     )
     assert (refused.is_success, refused.reason_phrase) == (False, "Conflict")
+
+
+def test_a_job_answer_reads_as_its_end_without_its_spec():
+    """``.run`` reads its submit's answer as a ``JobEnd``: how the job ended and its
+    result, the same values the whole ``Job`` holds; the spec and tasks are skipped."""
+    spec = contracts.JobSpec(
+        kind="function", function={"format": 1, "python": "3.11", "payload": b"p"}
+    )
+    job = contracts.Job(
+        id="j1", spec=spec, state="failed", reason="boom", owner="ada", exit_code=3,
+        worker_name="w1", created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:01Z",
+        result=b"\x00outcomes", result_size=9, log_lines=2,
+    )  # fmt: skip
+    end = contracts.JobEnd.model_validate_json(job.model_dump_json())
+    for field in contracts.JobEnd.model_fields:
+        assert getattr(end, field) == getattr(job, field), field
+    assert end.state.terminal
