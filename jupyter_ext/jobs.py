@@ -20,6 +20,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from gpulayer.contracts import (
     TERMINAL_STATES,
@@ -27,6 +28,7 @@ from gpulayer.contracts import (
     Assignment,
     Event,
     Job,
+    JobEnd,
     JobKind,
     JobSpec,
     JobState,
@@ -45,7 +47,7 @@ from gpulayer.errors import (
 
 from . import access, gangs
 from .auth import Principal
-from .core import Core, new_id
+from .core import Core, Ending, new_id
 from .placer import Placer
 from .provisioning import job_cost
 from .secrets import Secrets
@@ -63,6 +65,7 @@ from .transitions import (
     task_end,
 )
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 #: Kinds whose jobs answer a result.
@@ -510,22 +513,74 @@ class Jobs:
         self, job_id: str, timeout: float, viewer: Principal | None = None
     ) -> Job | None:
         """The job once it ended, or None if it is still going after ``timeout`` s."""
+
+        async def answer(row: JobRecord, early: Ending | None) -> Job:
+            if early is None:
+                return await self.get(job_id, viewer)
+            return await self._model(early.job, early.tasks, viewer, early.result)
+
+        return await self._wait(job_id, timeout, viewer, answer)
+
+    async def wait_end(
+        self, job_id: str, timeout: float, viewer: Principal | None = None
+    ) -> JobEnd | None:
+        """:meth:`wait`, answered as the job's :class:`JobEnd`, made from its records
+        (no ``Job``, its spec and tasks, is built)."""
+        store = self._core.store
+
+        async def answer(row: JobRecord, early: Ending | None) -> JobEnd:
+            if early is not None:
+                return await self._end(early.job, early.result)
+            answers = self._core.spec(row).kind in _ANSWERING
+            return await self._end(row, await store.result(job_id) if answers else None)
+
+        return await self._wait(job_id, timeout, viewer, answer)
+
+    async def _wait(
+        self,
+        job_id: str,
+        timeout: float,
+        viewer: Principal | None,
+        answer: Callable[[JobRecord, Ending | None], Awaitable[T]],
+    ) -> T | None:
+        """``answer(row, early)`` once the job ended (``early``: its end while it is
+        being committed, docs/adr/0112), or None after ``timeout`` s."""
         core = self._core
         seen = core.store.version()
         first: JobRecord | None = await self.visible(job_id, viewer)
 
-        async def ended() -> Job | None:
+        async def ended() -> T | None:
             nonlocal first
             early = core.ending.get(job_id)  # its end is being committed (docs/adr/0112)
             if early is not None:
-                return await self._model(early.job, early.tasks, viewer, early.result)
+                return await answer(early.job, early)
             # The row just read is the file's while nothing committed since.
             row, first = first, None
             if row is None or seen is None or core.store.version() != seen:
                 row = await core.store.get_job(job_id)
-            return await self.get(job_id, viewer) if row is not None and row.ended else None
+            return await answer(row, None) if row is not None and row.ended else None
 
         return await self._core.notifier.wait_for(job_key(job_id), ended, timeout)
+
+    async def _end(self, row: JobRecord, result: ResultRecord | None) -> JobEnd:
+        """The :class:`JobEnd` of ``row`` (``result``: its small result)."""
+        core = self._core
+        names = await core.fleet.names({row.worker_id})
+        spec = core.spec(row)
+        parts = 0
+        if spec.function is not None and spec.function.calls > 1:
+            parts = (await core.store.part_counts([row.id])).get(row.id, 0)
+        return JobEnd(
+            id=row.id,
+            state=row.state,
+            reason=row.reason,
+            exit_code=row.exit_code,
+            worker_name=names.get(row.worker_id or ""),
+            result=None if result is None else result.inline,
+            result_size=None if result is None else result.size,
+            log_lines=row.log_count,
+            result_parts=parts,
+        )
 
     async def wait_any(
         self, job_ids: Sequence[str], timeout: float, viewer: Principal | None = None

@@ -496,15 +496,25 @@ class Connection:
         return self._parse(self._submitted(spec, wait, idempotency_key), contracts.Job)
 
     def submit_ended(self, spec: contracts.JobSpec, *, wait: float) -> contracts.JobEnd:
-        """:meth:`submit` with ``wait``, read as a :class:`~gpulayer.contracts.JobEnd`:
-        how the job ended and its small result, its spec and tasks left unread (a
-        call's own answer). Ask for the job itself when it has not ended."""
-        return self._parse(self._submitted(spec, wait, None), contracts.JobEnd)
+        """:meth:`submit` with ``wait``, answered as a :class:`~gpulayer.contracts.JobEnd`
+        (``answer=end``): how the job ended and its small result, without its spec and
+        tasks (a call's own answer; a control plane that answers the whole ``Job``
+        is read the same). Ask for the job itself when it has not ended."""
+        return self._parse(self._submitted(spec, wait, None, end=True), contracts.JobEnd)
 
     def _submitted(
-        self, spec: contracts.JobSpec, wait: float, idempotency_key: str | None
+        self,
+        spec: contracts.JobSpec,
+        wait: float,
+        idempotency_key: str | None,
+        *,
+        end: bool = False,
     ) -> Answer:
-        params = {"wait": f"{min(wait, LONG_POLL_SECONDS):.3f}"} if wait > 0 else None
+        params: dict[str, str] = {}
+        if wait > 0:
+            params["wait"] = f"{min(wait, LONG_POLL_SECONDS):.3f}"
+        if end:
+            params["answer"] = "end"
         return self._request(
             "POST", "jobs", json_model=spec, params=params, expect=(201, 200),
             headers=_keyed(idempotency_key), retry=True,

@@ -302,10 +302,10 @@ class Task(DocumentModel):
 
 
 class JobEnd(DocumentModel):
-    """What a caller that waited for a job reads of the ``Job`` answered: how it
-    ended and its small result. Parsed from the same document, skipping its spec and
-    tasks (a warm ``.run`` reads nothing else; the client parsed the whole ``Job``,
-    spec validators included, on every call)."""
+    """How a job ended (or stands) and its small result: what a caller that waited
+    for it reads. ``POST jobs?wait=S&answer=end`` answers it instead of the whole
+    ``Job``, and it reads from a ``Job`` document too, skipping its spec and tasks
+    (a warm ``.run`` reads nothing else)."""
 
     model_config = BASE64_BYTES
 
@@ -318,6 +318,11 @@ class JobEnd(DocumentModel):
     result_size: int | None = None
     log_lines: int = 0
     result_parts: int = 0
+
+    @classmethod
+    def of(cls, job: "Job") -> "JobEnd":
+        """The end of ``job``, as read from it."""
+        return cls.model_validate(job, from_attributes=True)
 
 
 class Job(DocumentModel):

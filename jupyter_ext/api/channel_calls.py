@@ -71,8 +71,9 @@ class Ctx:
 async def _submit(c: Ctx) -> Reply:
     spec = c.parse(JobSpec)
     hold = c.number("wait", 0.0)
+    end = jobs.answer_arg(c.call.query.get("answer"))
     key = jobs.checked_key(c.call.idempotency_key)
-    job, replayed = await jobs.submit_one(c.plane, c.who, spec, key, hold)
+    job, replayed = await jobs.submit_one(c.plane, c.who, spec, key, hold, end=end)
     return (200 if replayed else 201), job
 
 

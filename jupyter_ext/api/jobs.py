@@ -13,6 +13,7 @@ from gpulayer.contracts import (
     EventList,
     Job,
     JobBatch,
+    JobEnd,
     JobList,
     JobSpec,
     JobState,
@@ -47,13 +48,36 @@ def checked_key(raw: str | None) -> str | None:
     return raw
 
 
+#: What ``POST jobs`` answers: the whole ``Job`` (``answer=job``, the default), or
+#: with ``answer=end`` a ``JobEnd``: how it ended (or stands) and its small result.
+ANSWERS = ("job", "end")
+
+
+def answer_arg(raw: str | None) -> bool:
+    """Whether ``answer`` (from the query) asks for a ``JobEnd``; 400 naming the field
+    for anything but ``job`` or ``end``."""
+    if raw is None or raw == "job":
+        return False
+    if raw == "end":
+        return True
+    raise ValidationError(
+        f"answer must be one of {', '.join(ANSWERS)}, not {raw[:40]!r}", field="answer"
+    )
+
+
 async def submit_one(
-    plane: ControlPlane, who: Principal, spec: JobSpec, key: str | None, wait: float = 0.0
-) -> tuple[Job, bool]:
+    plane: ControlPlane,
+    who: Principal,
+    spec: JobSpec,
+    key: str | None,
+    wait: float = 0.0,
+    *,
+    end: bool = False,
+) -> tuple[Job | JobEnd, bool]:
     """``POST jobs`` for the HTTP route and the channel: the job, stored once per
     ``key``; and whether a repeat found it stored already. With ``wait`` the answer
     waits up to that many seconds for the job to end (a new job is read once, when it
-    ended or the wait ran out)."""
+    ended or the wait ran out). With ``end``, its ``JobEnd`` instead of the job."""
     got = await plane.jobs.submit_once([spec], who.name, who, key=key, answer=wait <= 0)
     if got.replayed or wait <= 0:
         if not got.jobs:
@@ -61,8 +85,11 @@ async def submit_one(
         job = got.jobs[0]
         if wait > 0 and job.state not in TERMINAL_STATES:
             job = await plane.jobs.wait(job.id, wait, who) or job
-        return job, got.replayed
+        return (JobEnd.of(job) if end else job), got.replayed
     job_id = got.job_ids[0]
+    if end:  # built from the job's records: no Job (its spec, its tasks) made and sent
+        ended = await plane.jobs.wait_end(job_id, wait, who)
+        return ended or JobEnd.of(await plane.jobs.get(job_id, who)), False
     return await plane.jobs.wait(job_id, wait, who) or await plane.jobs.get(job_id, who), False
 
 
@@ -91,19 +118,23 @@ class JobsHandler(GpulayerAPIHandler):
     async def post(self) -> None:
         """Submit a ``JobSpec``; 201 with the job and its ``Location``. With ``wait=S``
         the answer waits up to S seconds for the job to end (a quick function call
-        then costs one request). With an ``Idempotency-Key`` a repeat answers the
-        job the first request stored (200), a different spec with that key 409."""
+        then costs one request); with ``answer=end`` it is the job's ``JobEnd``. With
+        an ``Idempotency-Key`` a repeat answers the job the first request stored
+        (200), a different spec with that key 409."""
         spec = self.parse(JobSpec)
         hold = self.wait_arg()
+        end = answer_arg(self.get_query_argument("answer", None))
         key = idempotency_key(self)
         job, replayed = await submit_one(self.gl, self.who, spec, key)
+        assert isinstance(job, Job)
         if hold > 0 and job.state not in TERMINAL_STATES:  # ends early if the client leaves
             ended = await self.long_poll(self.gl.jobs.wait(job.id, hold))
             job = ended or job
+        answer: Job | JobEnd = JobEnd.of(job) if end else job
         if replayed:
-            self.reply(job)
+            self.reply(answer)
         else:
-            self.created(job, job.id)
+            self.created(answer, job.id)
 
 
 class JobBatchHandler(GpulayerAPIHandler):

@@ -351,6 +351,24 @@ def test_answers_sent_while_a_large_one_waits_arrive_whole_and_in_order(cluster,
     assert len(printed) > 9900 and set(printed) == {"y" * 300}
 
 
+def test_a_call_answered_as_its_end_over_the_channel(cluster, conn):
+    """``POST jobs?wait=S&answer=end`` over the channel: the ``JobEnd`` the control
+    plane makes from the job's records as it ends is what the whole job says."""
+    from gpulayer import payload
+
+    spec = gl.remote(lambda: 41 + 1, connection=conn).spec_for([((), {})], conn)
+    body = json.loads(spec.model_dump_json())
+    with _open(cluster, "channel", cluster.admin_token) as ws:
+        answer = _call(ws, 1, "POST", "jobs", body=body, wait="30", answer="end")
+        assert answer.status == 201 and "spec" not in json.loads(answer.body)
+        end = contracts.JobEnd.model_validate_json(answer.body)
+        assert end.state == "succeeded" and end == contracts.JobEnd.of(conn.job(end.id))
+        (outcome,) = payload.unpack(end.result, "outcomes")
+        assert outcome.ok and outcome.value == 42
+        refused = _call(ws, 2, "POST", "jobs", body=body, wait="30", answer="everything")
+        assert refused.status == 400 and json.loads(refused.body)["field"] == "answer"
+
+
 def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
     job = gl.submit("sleep 60", connection=conn)
     try:

@@ -140,6 +140,29 @@ async def test_wait_returns_204_when_the_hold_runs_out_and_200_when_the_job_ends
     assert status == 200 and ended["state"] == "cancelled"
 
 
+async def test_answer_end_is_the_jobs_end_without_its_spec(gl_api, jp_serverapp):
+    """``POST jobs?answer=end``: the ``JobEnd`` (how it ended or stands, its small
+    result), not the whole job; any other ``answer`` is a 400 naming it, storing nothing."""
+    status, end = await gl_api("jobs", method="POST", json_body=JOB, params={"answer": "end"})
+    assert status == 201 and end["state"] == "queued" and "spec" not in end
+    _, page = await gl_api("jobs")
+    stored = len(page["jobs"])
+    status, err = await gl_api("jobs", method="POST", json_body=JOB, params={"answer": "all"})
+    assert status == 400 and err["field"] == "answer"
+    assert len((await gl_api("jobs"))[1]["jobs"]) == stored
+    params = {"answer": "end", "wait": "5"}
+    waiter = asyncio.ensure_future(gl_api("jobs", method="POST", json_body=JOB, params=params))
+    await until_long_polls(jp_serverapp)  # the submit holds before the cancel lands
+    _, queued = await gl_api("jobs", params={"state": "queued"})
+    (newest,) = [j for j in queued["jobs"] if j["id"] != end["id"]]
+    await gl_api("jobs", newest["id"], "cancel", method="POST")
+    status, ended = await waiter
+    assert status == 201 and set(ended) >= {"id", "state", "reason"} and "spec" not in ended
+    assert (ended["id"], ended["state"], ended["reason"]) == (
+        newest["id"], "cancelled", "cancelled by admin",
+    )  # fmt: skip
+
+
 async def test_logs_of_a_queued_job_are_empty_and_incomplete(gl_api):
     _, job = await gl_api("jobs", method="POST", json_body=JOB)
     status, page = await gl_api("jobs", job["id"], "logs")
