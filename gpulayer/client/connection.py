@@ -36,6 +36,7 @@ again (over HTTP at once), so a log follow resumes from its offset.
 """
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -44,7 +45,6 @@ import re
 import ssl
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +76,13 @@ _BACKOFF_MAX_SECONDS = 2.0
 CHANNEL_RETRY_SECONDS = 30.0
 #: The routes the channel carries, compiled once.
 _CHANNEL_ROUTES = [(m, re.compile(p)) for m, p in contracts.CLIENT_CALLS]
+
+
+@functools.lru_cache(maxsize=256)
+def _carried(method: str, path: str) -> bool:
+    """Whether the channel carries ``method path`` (a call repeats a few paths)."""
+    return any(m == method and p.fullmatch(path) for m, p in _CHANNEL_ROUTES)
+
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -362,7 +369,7 @@ class Connection:
         if self._channel_mode == "http" or not (content is None or isinstance(content, bytes)):
             return None
         path = url.removeprefix(self._api)
-        if not any(m == method and p.fullmatch(path) for m, p in _CHANNEL_ROUTES):
+        if not _carried(method, path):
             return None
         ch = self._channel
         if ch is not None and not ch.closed:
@@ -932,7 +939,7 @@ def channel_mode(value: str | None = None) -> str:
 
 def new_idempotency_key() -> str:
     """A fresh key for one logical submit (random, so never reused by accident)."""
-    return "gl-" + uuid.uuid4().hex
+    return "gl-" + os.urandom(16).hex()  # a uuid4's length, without building a UUID
 
 
 def _keyed(key: str | None) -> dict[str, str]:
