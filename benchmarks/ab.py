@@ -13,6 +13,9 @@ control plane, worker and runner or kernel; writes nothing, asserts nothing.
 
 ``--prints`` times a session cell's first output instead of its round trip: from
 ``print(time.time())`` in the kernel to the text arriving here (as ``cells.py``).
+``--block 20`` makes 20 calls in a row on one checkout before the other's turn: a
+call then meets what the one before it left on the same control plane (a commit
+after its answer), as calls from one notebook do.
 """
 
 import argparse
@@ -86,6 +89,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--cells", action="store_true", help="warm session cells, not .run")
     parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="calls in a row on one checkout before the other's turn (default 1): with"
+        " more, each call meets what the one before it left on its control plane",
+    )
+    parser.add_argument(
         "--prints", action="store_true", help="a session cell's first output, not a round trip"
     )
     args = parser.parse_args()
@@ -102,11 +112,13 @@ def main() -> None:
                 call(i)
         before = {name: cpu_of(c) for name, c in clusters.items()}
         walls: dict[str, list[float]] = {name: [] for name in calls}
-        for i in range(args.calls):
-            for name in list(calls) if i % 2 else list(reversed(calls)):
-                t = time.perf_counter()
-                first = calls[name](i)
-                walls[name].append(time.perf_counter() - t if first is None else first)
+        block = max(1, args.block)
+        for b in range(0, args.calls, block):
+            for name in list(calls) if (b // block) % 2 else list(reversed(calls)):
+                for i in range(b, min(b + block, args.calls)):
+                    t = time.perf_counter()
+                    first = calls[name](i)
+                    walls[name].append(time.perf_counter() - t if first is None else first)
         after = {name: cpu_of(c) for name, c in clusters.items()}
     what = "first outputs" if args.prints else "cells" if args.cells else ".run calls"
     print(f"{args.calls} {what} each, load {os.getloadavg()[0]:.1f}")
