@@ -367,6 +367,19 @@ def test_a_call_answered_as_its_end_over_the_channel(cluster, conn):
         assert outcome.ok and outcome.value == 42
         refused = _call(ws, 2, "POST", "jobs", body=body, wait="30", answer="everything")
         assert refused.status == 400 and json.loads(refused.body)["field"] == "answer"
+        # A repeat with the same key answers the job the first one stored, as its end too.
+        keyed = contracts.ChannelCall(id=3, method="POST", path="jobs", idempotency_key="k-1",
+                                      query={"wait": "30", "answer": "end"},
+                                      body=spec.model_dump_json())  # fmt: skip
+        answers = []
+        for _ in range(2):
+            ws.send(keyed.model_dump_json())
+            while (frame := json.loads(ws.recv(timeout=60)))["type"] != "answer":
+                pass
+            answers.append(contracts.ChannelAnswer.model_validate(frame))
+        first, again = (contracts.JobEnd.model_validate_json(a.body) for a in answers)
+        assert [a.status for a in answers] == [201, 200] and first == again
+        assert first.state == "succeeded" and "spec" not in json.loads(answers[1].body)
 
 
 def test_calls_in_flight_past_the_limit_are_answered_429(cluster, conn):
