@@ -15,10 +15,12 @@ It prints one line per process and writes nothing; it never asserts a time.
 
 import argparse
 import contextlib
+import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -65,6 +67,21 @@ def measure(call: Callable[[int], None], cluster: LocalCluster, calls: int) -> N
     load = psutil.getloadavg()[0]
     print(f"{calls} calls, load {load:.2f}, wall p50 {statistics.median(walls) * 1000:.2f} ms")
     print(f"CPU per call: {total:.2f} ms = " + ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
+
+
+def load_in_cluster(tmp: Path, source: str, variable: str) -> Path:
+    """Make the processes of a cluster started from here on load ``source`` as their
+    ``sitecustomize`` (written under ``tmp``, put first on ``PYTHONPATH``, shadowing any
+    other) and find in ``variable`` the folder they write to: answered, made empty."""
+    site, out = Path(tmp, "site"), Path(tmp, variable.lower())
+    site.mkdir()
+    out.mkdir()
+    (site / "sitecustomize.py").write_text(source)
+    os.environ[variable] = str(out)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return out
 
 
 def warm_call(conn: Connection, *, cells: bool, session: str) -> Callable[[int], None]:

@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import gpulayer as gl
+from call_cpu import load_in_cluster, warm_call  # a script beside this one
+
 from gpulayer.cli.cluster import LocalCluster
 
 _SITECUSTOMIZE = """
@@ -166,21 +167,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gl-trace-") as tmp:
-        site, out = Path(tmp, "site"), Path(tmp, "events")
-        site.mkdir()
-        out.mkdir()
-        (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        os.environ["GL_CALL_TRACE"] = str(out)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-        )
+        out = load_in_cluster(Path(tmp), _SITECUSTOMIZE, "GL_CALL_TRACE")
         with (
             LocalCluster(Path(tmp, "cluster"), workers=1, slots=2) as cluster,
             cluster.connection() as conn,
         ):
-            f = gl.remote(lambda x: x + 1, connection=conn)
+            call = warm_call(conn, cells=False, session="trace")
             for i in range(args.warmup):
-                f.run(i)
+                call(i)
             worker = cluster.worker_pid(cluster.workers[0])
             assert cluster.server_pid is not None and worker is not None
             pids = {"cp": cluster.server_pid, "w": worker}
@@ -189,7 +183,7 @@ def main() -> None:
             calls = []
             for i in range(args.calls):
                 start = time.monotonic_ns()
-                f.run(i)
+                call(i)
                 calls.append((start, time.monotonic_ns()))
             for pid in pids.values():
                 os.kill(pid, signal.SIGUSR1)

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from call_cpu import warm_call  # a script beside this one
+from call_cpu import load_in_cluster, warm_call  # a script beside this one
 
 from gpulayer.cli.cluster import LocalCluster
 
@@ -90,14 +90,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="rows printed per process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gl-turns-") as tmp:
-        site, counts = Path(tmp, "site"), Path(tmp, "counts")
-        site.mkdir()
-        counts.mkdir()
-        (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-        os.environ["GL_LOOP_TURNS"] = str(counts)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-        )
+        counts = load_in_cluster(Path(tmp), _SITECUSTOMIZE, "GL_LOOP_TURNS")
         with (
             LocalCluster(Path(tmp, "cluster"), workers=1, slots=2) as cluster,
             cluster.connection() as conn,

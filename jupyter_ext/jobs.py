@@ -428,8 +428,7 @@ class Jobs:
         job.provisioning = core.board.queued_note(job.id, job.state)
         if spans := await core.store.run_spans([job_id]):  # it ran on provider instances
             job.cost = job_cost(spans, core.clock())
-        if job.spec.function is not None and job.spec.function.calls > 1:
-            job.result_parts = (await core.store.part_counts([job_id])).get(job_id, 0)
+        job.result_parts = await self._result_parts(job_id, job.spec)
         if job.state == JobState.queued:
             report, behind = await self._placer.queued_report(row, viewer)
             reasons = [f"{w.worker}: {w.reason}" for w in report.workers] or [report.summary]
@@ -566,10 +565,6 @@ class Jobs:
         """The :class:`JobEnd` of ``row`` (``result``: its small result)."""
         core = self._core
         names = await core.fleet.names({row.worker_id})
-        spec = core.spec(row)
-        parts = 0
-        if spec.function is not None and spec.function.calls > 1:
-            parts = (await core.store.part_counts([row.id])).get(row.id, 0)
         return JobEnd(
             id=row.id,
             state=row.state,
@@ -579,8 +574,14 @@ class Jobs:
             result=None if result is None else result.inline,
             result_size=None if result is None else result.size,
             log_lines=row.log_count,
-            result_parts=parts,
+            result_parts=await self._result_parts(row.id, core.spec(row)),
         )
+
+    async def _result_parts(self, job_id: str, spec: JobSpec) -> int:
+        """The outcomes kept apart of a function job of several calls (0 for others)."""
+        if spec.function is None or spec.function.calls <= 1:
+            return 0
+        return (await self._core.store.part_counts([job_id])).get(job_id, 0)
 
     async def wait_any(
         self, job_ids: Sequence[str], timeout: float, viewer: Principal | None = None
